@@ -1,0 +1,38 @@
+# kvbench: `make demo` runs the main job, `make test` the test suite (both install first if needed).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# torch: the CPU wheel this machine has on disk; on a GPU machine use e.g. `make install TORCH_SPEC=torch`
+TORCH_SPEC ?= torch==2.13.0
+# the local dataset mirror, when there is one (used by the demo and the real-task scripts)
+DATA_DIR ?= $(wildcard ../shared/data)
+
+.PHONY: help install test test-slow demo lint bench reproduce-mini clean
+
+help: ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+install: $(STAMP) ## create .venv and install torch (CPU), then kvbench with [dev]
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+test: install ## the default test suite (slow tests excluded)
+	$(BIN)/python -m pytest -q
+
+test-slow: install ## the slower tests on the real default model
+	$(BIN)/python -m pytest -q -m slow
+
+demo: install ## a small comparison of the policies on the default model (prints a table)
+	$(BIN)/python -m kvbench.demo $(if $(DATA_DIR),data.dir=$(DATA_DIR))
+
+lint: install ## ruff
+	$(BIN)/ruff check kvbench tests scripts
+
+clean: ## remove the virtual environment and caches
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Hydra configs of kvbench (shipped inside the package as kvbench.conf)."""

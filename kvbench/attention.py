@@ -1,0 +1,106 @@
+"""kvbench's attention function and the context that activates it on one model.
+
+`kvbench_attention` is registered with transformers' `AttentionInterface` (and a mask function
+returning None under the same name: the mask is built from the cache, once per forward, by
+`KVCache.begin_forward`). It is active only inside `kv_attention(model)`, on that model, never
+globally: outside the context the model runs its own implementation.
+
+The output comes from SDPA (or flash-attn's kv-cache kernel on CUDA when installed and asked for);
+when the policy needs attention statistics, the weights are recomputed separately, in chunks of
+queries, so the extra memory is O(B * H * chunk * N) and the output kernel stays fused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface
+
+NAME = "kvbench"
+SCORE_CHUNK = 64  # queries per chunk when computing attention weights for scores
+_state = {"score_chunk": SCORE_CHUNK, "backend": "sdpa"}
+
+
+def flash_available() -> bool:
+    return torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
+
+
+def attention_stats(query, key, step, scaling: float, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention weights each cached pair received in this forward.
+
+    query (B, Hq, T, D), key (B, H_kv, N, D). Returns (w_sum, w_last), both (B, H_kv, N) float32:
+    w_sum sums the softmax rows of the real queries; w_last is the newest query's row. Query heads
+    of a GQA group are averaged.
+    """
+    B, Hq, T, D = query.shape
+    H = key.shape[1]
+    G = Hq // H
+    N = key.shape[2]
+    qg = query.view(B, H, G, T, D)
+    kt = key.transpose(-1, -2)[:, :, None]  # (B, H, 1, D, N)
+    w_sum = torch.zeros(B, H, N, dtype=torch.float32, device=query.device)
+    w_last = None
+    for t0 in range(0, T, chunk):
+        t1 = min(T, t0 + chunk)
+        s = torch.matmul(qg[:, :, :, t0:t1], kt).float() * scaling  # (B, H, G, tc, N)
+        if step.mask is not None:
+            s = s.masked_fill(~step.mask[:, :, None, t0:t1], float("-inf"))
+        elif step.causal:
+            q = torch.arange(t0, t1, device=query.device)[:, None]
+            s = s.masked_fill(torch.arange(N, device=query.device)[None, :] > q, float("-inf"))
+        w = torch.softmax(s, dim=-1)
+        real = step.real[:, None, None, t0:t1, None]  # (B, 1, 1, tc, 1)
+        w_sum += (w * real).sum(dim=(2, 3)) / G
+        if t1 == T:
+            w_last = w[:, :, :, -1].mean(dim=2)
+    return w_sum, w_last
+
+
+def kvbench_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """AttentionInterface entry: query (B, Hq, T, D), key/value (B, H_kv, N, D) = the cache's kept pairs."""
+    cache = kwargs.get("kvbench_cache")
+    if cache is None:  # called outside kvbench's engine: behave like SDPA
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    step = cache.step_on(query.device)
+    out = F.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=step.mask,
+        is_causal=step.causal,
+        scale=scaling,
+        enable_gqa=query.shape[1] != key.shape[1],
+    )  # (B, Hq, T, D)
+    if cache.track_attention:
+        w_sum, w_last = attention_stats(query, key, step, scaling, _state["score_chunk"])
+        cache.accumulate(module.layer_idx, w_sum, w_last)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _no_mask(*args, **kwargs):
+    return None  # kvbench_attention builds its own mask from the cache
+
+
+def register() -> None:
+    """Make the name "kvbench" known to transformers (idempotent; changes no model)."""
+    if NAME not in AttentionInterface._global_mapping:
+        AttentionInterface.register(NAME, kvbench_attention)
+        AttentionMaskInterface.register(NAME, _no_mask)
+
+
+@contextlib.contextmanager
+def kv_attention(model, score_chunk: int = SCORE_CHUNK):
+    """Run `model` with kvbench's attention inside the block; restore its implementation after."""
+    register()
+    previous = model.config._attn_implementation
+    _state["score_chunk"] = score_chunk
+    model.set_attn_implementation(NAME)
+    try:
+        yield model
+    finally:
+        model.set_attn_implementation(previous or "sdpa")

@@ -1,0 +1,315 @@
+"""The evicting KV cache: preallocated, compacted per sample, shrunk by a policy between forwards.
+
+Layout (per layer; layers on the same device are stacked into one "group" tensor so eviction is
+vectorised over layers, heads and samples):
+
+    keys, values   (L_g, B, H_kv, C + 1, D)   slots [0, n_b) hold sample b's kept pairs,
+                                              in position order; slot C is a scratch slot
+                                              that receives the pad tokens of a chunk
+    pos            (L_g, B, H_kv, C + 1)      source position of each slot (int32)
+    sum_w, last_w  (L_g, B, H_kv, C + 1)      attention statistics (float32), only when the
+                                              policy needs them
+
+Every layer and KV head of sample b holds the same count n_b (heads keep *different* positions),
+so the attention mask depends only on the sample and broadcasts over heads (SDPA with GQA stays
+usable). Pad tokens are never stored: a forward writes only each sample's real tokens, at slots
+n_b .. n_b + r_b - 1. KV memory is fixed when the cache is built (`capacity` slots) and only
+changes through `resize` (a decode-only policy drops to kv_size slots once it has compressed).
+
+The engine drives it: `begin_forward(r, positions)` before each forward pass (computes write
+slots and the mask once for all layers), `evict(rows, keep, policy)` between forward passes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from kvbench.policies.base import Policy, ScoreStats
+
+INF = float("inf")
+
+
+@dataclass
+class Step:
+    """Per-forward state shared by all layers on one device (built by `KVCache.begin_forward`)."""
+
+    b_idx: torch.Tensor  # (B, T) sample index of each chunk token
+    slot: torch.Tensor  # (B, T) slot each token is written to (C = scratch for pads)
+    positions: torch.Tensor  # (B, T) int32 true positions (0 for pads)
+    real: torch.Tensor  # (B, T) bool: token is a real (non-pad) query
+    active: torch.Tensor  # (B,) bool: sample has at least one real token in this chunk
+    mask: torch.Tensor | None  # (B, 1, T, N) bool, None when not needed
+    causal: bool  # use SDPA's is_causal instead of a mask
+    n_keys: int  # N = max count after the write
+
+
+class _Group:
+    """Stacked storage for the consecutive layers that live on one device."""
+
+    def __init__(self, layers, batch, heads, capacity, head_dim, dtype, device, track):
+        self.layers = list(layers)
+        self.device = torch.device(device)
+        L, S = len(self.layers), capacity + 1
+        self.k = torch.zeros(L, batch, heads, S, head_dim, dtype=dtype, device=self.device)
+        self.v = torch.zeros_like(self.k)
+        self.pos = torch.zeros(L, batch, heads, S, dtype=torch.int32, device=self.device)
+        self.sum_w = torch.zeros(L, batch, heads, S, dtype=torch.float32, device=self.device) if track else None
+        self.last_w = torch.zeros_like(self.sum_w) if track else None
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        t = {"k": self.k, "v": self.v, "pos": self.pos}
+        if self.sum_w is not None:
+            t.update(sum_w=self.sum_w, last_w=self.last_w)
+        return t
+
+    def nbytes(self) -> int:
+        return sum(x.numel() * x.element_size() for x in self.tensors().values())
+
+
+class _LayerView(CacheLayerMixin):
+    """What transformers sees for one layer: `update` writes the chunk and returns the kept pairs."""
+
+    is_sliding = False
+
+    def __init__(self, cache: KVCache, layer_idx: int):
+        super().__init__()
+        self.cache, self.layer_idx = cache, layer_idx
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states, value_states) -> None:  # storage is preallocated
+        pass
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        return self.cache.write(self.layer_idx, key_states, value_states)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.cache.step_keys, 0
+
+    def get_seq_length(self) -> int:
+        return int(self.cache.n.max())
+
+    def get_max_length(self) -> int:
+        return self.cache.capacity
+
+
+class KVCache(Cache):
+    """See the module docstring. `layer_devices[l]` is the device of decoder layer l."""
+
+    def __init__(
+        self,
+        *,
+        batch_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        dtype: torch.dtype,
+        layer_devices: list[torch.device | str],
+        track_attention: bool = False,
+        gather_layers: int = 4,
+    ):
+        self.batch_size_ = batch_size
+        self.heads, self.head_dim, self.dtype = num_kv_heads, head_dim, dtype
+        self.capacity = capacity
+        self.track_attention = track_attention
+        self.gather_layers = max(1, gather_layers)
+        self.num_layers = len(layer_devices)
+        # group consecutive layers by device
+        self._groups: list[_Group] = []
+        self._where: list[tuple[_Group, int]] = []
+        runs: list[tuple[torch.device, list[int]]] = []
+        for layer, dev in enumerate(layer_devices):
+            dev = torch.device(dev)
+            if runs and runs[-1][0] == dev:
+                runs[-1][1].append(layer)
+            else:
+                runs.append((dev, [layer]))
+        for dev, layers in runs:
+            g = _Group(layers, batch_size, num_kv_heads, capacity, head_dim, dtype, dev, track_attention)
+            self._groups.append(g)
+            self._where += [(g, i) for i in range(len(layers))]
+        # per-sample bookkeeping lives on the CPU: scheduling decisions never sync the device
+        self.n = torch.zeros(batch_size, dtype=torch.long)  # kept pairs per sample
+        self.seen = torch.zeros(batch_size, dtype=torch.long)  # real tokens processed per sample
+        self.peak_pairs = 0  # max over time of sum_b n_b
+        self.evictions = 0
+        self._step_cpu: dict | None = None
+        self._steps: dict[torch.device, Step] = {}
+        self.step_keys = 0
+        super().__init__(layers=[_LayerView(self, i) for i in range(self.num_layers)])
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def pair_bytes(self) -> int:
+        """Bytes of one KV pair across all layers and heads (K and V)."""
+        return 2 * self.num_layers * self.heads * self.head_dim * torch.empty((), dtype=self.dtype).element_size()
+
+    @property
+    def peak_kv_bytes(self) -> int:
+        """Largest KV cache held at once (kept pairs, all layers, all samples)."""
+        return self.peak_pairs * self.pair_bytes
+
+    def allocated_bytes(self) -> int:
+        """Bytes preallocated for the cache (K, V, positions and statistics, scratch slot included)."""
+        return sum(g.nbytes() for g in self._groups)
+
+    def layer_keys(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions (B, H, C+1) and the count n (B,) of a layer, for tests and inspection."""
+        g, i = self._where[layer]
+        return g.pos[i], self.n
+
+    def kept_positions(self, layer: int, sample: int) -> torch.Tensor:
+        """(H_kv, n_b) positions currently kept by `sample` in `layer`."""
+        g, i = self._where[layer]
+        return g.pos[i, sample, :, : int(self.n[sample])].cpu()
+
+    # ------------------------------------------------------------------ forward
+    def begin_forward(self, r: torch.Tensor, width: int) -> torch.Tensor:
+        """Prepare a forward over a (B, width) chunk where sample b's r_b real tokens are right-aligned.
+
+        Returns the (B, width) position ids (true positions, 0 for pads). Must be called before each
+        forward; the write slots and the mask are computed once here for all layers.
+        """
+        B, T = self.batch_size_, width
+        r = r.to(torch.long)
+        n_old, n_new = self.n, self.n + r
+        if int(n_new.max()) > self.capacity:
+            raise RuntimeError(f"KV cache overflow: {int(n_new.max())} pairs > capacity {self.capacity}")
+        i = torch.arange(T)
+        offset = (T - r)[:, None]  # first real index per sample
+        real = i[None, :] >= offset  # (B, T)
+        j = i[None, :] - offset  # index among the sample's new tokens
+        slot = torch.where(real, n_old[:, None] + j, torch.full_like(j, self.capacity))
+        positions = torch.where(real, self.seen[:, None] + j, torch.zeros_like(j))
+        n_keys = int(n_new.max())
+        # mask: query i of sample b sees slot c iff c - i <= n_new_b - T (causal inside the chunk,
+        # kept pairs before it); slot 0 always, so pad rows are never empty (they are discarded).
+        uniform = bool((n_new == n_keys).all())
+        causal = bool((n_old == 0).all() and (r == T).all()) and T > 1
+        need_mask = not (causal or (T == 1 and uniform))
+        self._step_cpu = dict(
+            b_idx=torch.arange(B)[:, None].expand(B, T),
+            slot=slot,
+            positions=positions.to(torch.int32),
+            real=real,
+            active=r > 0,
+            thresh=(n_new - T) if need_mask else None,
+            causal=causal,
+            n_keys=n_keys,
+            T=T,
+        )
+        self._steps = {}
+        self.step_keys = n_keys
+        self.n = n_new
+        self.seen = self.seen + r
+        self.peak_pairs = max(self.peak_pairs, int(n_new.sum()))
+        return positions
+
+    def step_on(self, device: torch.device) -> Step:
+        """The current forward's Step, on `device` (moved once per device per forward)."""
+        st = self._steps.get(device)
+        if st is None:
+            c = self._step_cpu
+            mask = None
+            if c["thresh"] is not None:
+                q = torch.arange(c["T"], device=device)
+                k = torch.arange(c["n_keys"], device=device)
+                thresh = c["thresh"].to(device)
+                mask = (k[None, None, :] - q[None, :, None]) <= thresh[:, None, None]  # (B, T, N)
+                mask[:, :, 0] = True
+                mask = mask[:, None]  # (B, 1, T, N)
+            st = Step(
+                b_idx=c["b_idx"].to(device),
+                slot=c["slot"].to(device),
+                positions=c["positions"].to(device),
+                real=c["real"].to(device),
+                active=c["active"].to(device),
+                mask=mask,
+                causal=c["causal"],
+                n_keys=c["n_keys"],
+            )
+            self._steps[device] = st
+        return st
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store a chunk's keys/values (B, H, T, D) of `layer`; return the kept pairs (B, H, N, D)."""
+        g, i = self._where[layer]
+        st = self.step_on(g.device)
+        K, V = g.k[i], g.v[i]  # (B, H, C+1, D)
+        K[st.b_idx, :, st.slot] = k.transpose(1, 2).to(K.dtype)  # (B, T, H, D) into the slots
+        V[st.b_idx, :, st.slot] = v.transpose(1, 2).to(V.dtype)
+        g.pos[i][st.b_idx, :, st.slot] = st.positions[..., None]
+        if g.sum_w is not None:
+            g.sum_w[i][st.b_idx, :, st.slot] = 0.0
+            g.last_w[i][st.b_idx, :, st.slot] = 0.0
+        N = st.n_keys
+        return K[:, :, :N], V[:, :, :N]
+
+    def accumulate(self, layer: int, w_sum: torch.Tensor, w_last: torch.Tensor) -> None:
+        """Add a forward's attention statistics (B, H_kv, N) of `layer` (pads already excluded)."""
+        g, i = self._where[layer]
+        st = self.step_on(g.device)
+        N = w_sum.shape[-1]
+        g.sum_w[i][:, :, :N] += w_sum
+        lw = g.last_w[i][:, :, :N]
+        lw.copy_(torch.where(st.active[:, None, None], w_last, lw))
+
+    # ------------------------------------------------------------------ eviction
+    def evict(self, rows: torch.Tensor, keep: int, policy: Policy) -> None:
+        """Keep the `keep` highest-scored pairs of every (layer, head) of the samples in `rows`.
+
+        rows: (B,) bool on the CPU. Protected pairs (the first `protect_first` positions and the last
+        `protect_recent` ones) score +inf; on equal scores the older pair goes first. Kept pairs are
+        gathered back to slots [0, keep) in position order.
+        """
+        if not bool(rows.any()):
+            return
+        n_rows = self.n[rows]
+        if int(n_rows.min()) <= keep:
+            raise RuntimeError("evict called on a sample that does not hold more than `keep` pairs")
+        N = int(n_rows.max())
+        all_rows = bool(rows.all())
+        last = self.seen[rows] - 1
+        for g in self._groups:
+            dev = g.device
+            sel = slice(None) if all_rows else rows.nonzero()[:, 0].to(dev)
+            t = {name: x[:, sel, :, :N] for name, x in g.tensors().items() if name not in ("k", "v")}
+            last_d = last.to(dev)[None, :, None, None]
+            stats = ScoreStats(pos=t["pos"], last=last_d, sum_w=t.get("sum_w"), last_w=t.get("last_w"))
+            score = policy.score(stats).float()  # (L, B', H, N)
+            pos = t["pos"]
+            protected = (pos < policy.protect_first) | (pos > last_d - policy.protect_recent)
+            valid = torch.arange(N, device=dev) < n_rows.to(dev)[None, :, None, None]
+            score = score.masked_fill(protected, INF).masked_fill(~valid, -INF)
+            # stable sort: ties keep position order, so the newer of equal pairs ranks higher
+            order = torch.sort(score, dim=-1, stable=True).indices[..., N - keep :]
+            kept = torch.sort(order, dim=-1).values  # (L, B', H, keep) slots in position order
+            for name, x in t.items():
+                g.tensors()[name][:, sel, :, :keep] = x.gather(-1, kept)
+            D = self.head_dim
+            for l0 in range(0, len(g.layers), self.gather_layers):
+                l1 = min(l0 + self.gather_layers, len(g.layers))
+                idx = kept[l0:l1, ..., None].expand(-1, -1, -1, -1, D)
+                for x in (g.k, g.v):
+                    x[l0:l1, sel, :, :keep] = x[l0:l1, sel, :, :N].gather(3, idx)
+        self.n = torch.where(rows, torch.full_like(self.n, keep), self.n)
+        self.evictions += 1
+
+    def resize(self, capacity: int) -> None:
+        """Reallocate every group to `capacity` slots (must hold every sample's pairs), freeing the rest."""
+        if int(self.n.max()) > capacity:
+            raise RuntimeError("resize below the pairs held")
+        if capacity == self.capacity:
+            return
+        keep = int(self.n.max())
+        for g in self._groups:
+            for name, x in list(g.tensors().items()):
+                shape = list(x.shape)
+                shape[3] = capacity + 1
+                y = torch.zeros(shape, dtype=x.dtype, device=x.device)
+                y[:, :, :, :keep] = x[:, :, :, :keep]
+                setattr(g, name, y)
+                del x
+        self.capacity = capacity

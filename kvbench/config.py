@@ -1,0 +1,172 @@
+"""The root config schema (a structured config) and the checks run before any model is loaded.
+
+`conf/config.yaml` lists every group (model, task, policy, logger, experiment) and starts from the
+`kvbench_schema` dataclass below, so an unknown key or a value of the wrong type fails at
+composition. Group nodes are `_target_` configs: a policy or task node instantiates straight into
+its dataclass, whose own validation names the bad override. `validate(cfg)` runs all of it and the
+cross-key checks without touching a model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from hydra.utils import instantiate
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from kvbench.errors import ConfigError
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+if not (CONF_DIR / "config.yaml").exists():  # installed (non-editable): configs ship as kvbench.conf
+    import kvbench.conf as _conf
+
+    CONF_DIR = Path(_conf.__file__).parent
+
+DIVISORS_OF_960 = [d for d in range(1, 961) if 960 % d == 0]
+
+
+@dataclass
+class GenConfig:
+    max_new_tokens: int = 32
+    ignore_eos: bool = False
+    prefill_chunk: int | None = None  # default: whole prompt (no prefill eviction) or evict_every
+    score_chunk: int = 64  # queries per chunk when computing attention weights for scores
+    warmup: bool = False  # run one untimed batch first
+
+
+@dataclass
+class DataConfig:
+    dir: str | None = None  # local mirror of the datasets; null: the Hugging Face Hub
+
+
+@dataclass
+class MemoryConfig:
+    budget_gb: float | None = None  # CUDA: a real cap per device; CPU: an accounted budget
+
+
+@dataclass
+class SearchConfig:
+    max_batch: bool = False
+    candidates: Any = "divisors_of_960"  # divisors_of_960 | all | [explicit, list]
+    max: int | None = None
+    only: bool = False  # stop after the search, record its result
+    decode_steps: int = 4  # decode steps of a probe
+
+
+@dataclass
+class OutputConfig:
+    save_prompt_ids: bool = False
+
+
+@dataclass
+class RootConfig:
+    model: Any = MISSING
+    task: Any = MISSING
+    policy: Any = MISSING
+    logger: Any = MISSING
+    experiment_name: str | None = None
+    mode: str = "run"  # run | prompt_report
+    batch_size: int = 1
+    gen: GenConfig = field(default_factory=GenConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    results_dir: str = "results"
+    skip_existing: bool = False
+    seed: int = 0
+    device: str = "auto"
+
+
+MODES = ("run", "prompt_report")
+# keys that do not change what a run computes: left out of its identity hash
+NON_IDENTITY = ("results_dir", "logger", "skip_existing", "output", "experiment_name")
+
+
+def register_schema() -> None:
+    ConfigStore.instance().store(name="kvbench_schema", node=RootConfig)
+
+
+register_schema()
+
+
+def build_policy(cfg: DictConfig):
+    return instantiate(cfg.policy, _convert_="all")
+
+
+def build_task(cfg: DictConfig):
+    return instantiate(cfg.task, _convert_="all", data_dir=cfg.data.dir)
+
+
+def search_candidates(cfg: DictConfig) -> list[int]:
+    c = cfg.search.candidates
+    if isinstance(c, str):
+        if c == "divisors_of_960":
+            values = list(DIVISORS_OF_960)
+        elif c == "all":
+            values = list(range(1, 100_001))
+        else:
+            raise ConfigError("search.candidates", "must be divisors_of_960, all, or a list of batch sizes", c)
+    else:
+        values = list(OmegaConf.to_container(c) if not isinstance(c, list) else c)
+        if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
+            raise ConfigError("search.candidates", "must be a non-empty list of positive integers", c)
+        values = sorted(set(values))
+    if cfg.search.max is not None:
+        values = [v for v in values if v <= cfg.search.max]
+        if not values:
+            raise ConfigError("search.max", "leaves no candidate batch size", cfg.search.max)
+    return values
+
+
+def validate(cfg: DictConfig) -> None:
+    """Every check that needs no model: raises ConfigError naming the override."""
+    if cfg.mode not in MODES:
+        raise ConfigError("mode", f"must be one of {', '.join(MODES)}", cfg.mode)
+    if cfg.batch_size <= 0:
+        raise ConfigError("batch_size", "must be a positive integer", cfg.batch_size)
+    if cfg.gen.max_new_tokens <= 0:
+        raise ConfigError("gen.max_new_tokens", "must be a positive integer", cfg.gen.max_new_tokens)
+    if cfg.gen.prefill_chunk is not None and cfg.gen.prefill_chunk <= 0:
+        raise ConfigError("gen.prefill_chunk", "must be a positive integer or null", cfg.gen.prefill_chunk)
+    if cfg.gen.score_chunk <= 0:
+        raise ConfigError("gen.score_chunk", "must be a positive integer", cfg.gen.score_chunk)
+    if cfg.data.dir not in (None, "") and not Path(cfg.data.dir).is_dir():
+        raise ConfigError("data.dir", "does not exist or is not a directory", cfg.data.dir)
+    b = cfg.memory.budget_gb
+    if b is not None and not b > 0:
+        raise ConfigError("memory.budget_gb", "must be a positive number of GB", b)
+    if cfg.search.decode_steps <= 0:
+        raise ConfigError("search.decode_steps", "must be a positive integer", cfg.search.decode_steps)
+    search_candidates(cfg)
+    from kvbench.models.base import resolve_device
+
+    resolve_device(cfg.device)
+    for key in ("policy", "task"):
+        try:
+            (build_policy if key == "policy" else build_task)(cfg)
+        except Exception as e:  # instantiate wraps the dataclass's own ConfigError
+            c = e
+            while c is not None and not isinstance(c, ConfigError):
+                c = c.__cause__ or c.__context__
+            if c is not None:
+                raise c from None
+            cause = e.__cause__ or e  # e.g. a key the dataclass does not know
+            raise ConfigError(key, str(cause).splitlines()[0]) from None
+
+
+def identity(cfg: DictConfig) -> dict:
+    """The resolved config minus keys that do not change what a run computes."""
+    c = OmegaConf.to_container(cfg, resolve=True)
+    for k in NON_IDENTITY:
+        c.pop(k, None)
+    return c
+
+
+def config_hash(cfg: DictConfig) -> str:
+    return hashlib.sha1(json.dumps(identity(cfg), sort_keys=True, default=str).encode()).hexdigest()[:16]

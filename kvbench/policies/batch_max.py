@@ -1,0 +1,26 @@
+"""Batch-Max: the average-attention rule, evicting block-wise during prefill and decode.
+
+ave[i] = sum_w[i] / (last + 1 - pos[i]): the attention pair i received, averaged over the queries
+that could attend it (its own included). Dividing by the age removes H2O's bias towards old pairs
+without a protected window. Default schedule: prefill_and_decode (Algorithm 1), p = 64.
+"""
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from kvbench.policies.base import Policy, ScoreStats
+
+
+@dataclass
+class BatchMax(Policy):
+    kv_size: int | None = 1024
+    evict_every: int = 64
+    schedule: str = "prefill_and_decode"
+    name: ClassVar[str] = "batch_max"
+    needs_attention: ClassVar[bool] = True
+
+    def score(self, stats: ScoreStats) -> torch.Tensor:
+        queries = (stats.last + 1 - stats.pos).clamp(min=1).float()  # (L, B, H, N)
+        return stats.sum_w / queries

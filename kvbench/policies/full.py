@@ -1,0 +1,17 @@
+"""Full cache (FKV): no eviction; the accuracy reference."""
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from kvbench.errors import ConfigError
+from kvbench.policies.base import Policy
+
+
+@dataclass
+class Full(Policy):
+    name: ClassVar[str] = "full"
+
+    def validate(self) -> None:
+        if self.kv_size is not None:
+            raise ConfigError("policy.kv_size", "policy=full keeps every pair; leave kv_size null", self.kv_size)
+        super().validate()

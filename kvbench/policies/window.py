@@ -1,0 +1,21 @@
+"""Sliding window: keep the most recent pairs (+ `protect_first` attention sinks, StreamingLLM uses 4).
+
+Under prefill_and_decode this is block-wise sliding-window attention during prefill too.
+"""
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from kvbench.policies.base import Policy, ScoreStats
+
+
+@dataclass
+class Window(Policy):
+    kv_size: int | None = 512
+    evict_every: int = 64
+    name: ClassVar[str] = "window"
+
+    def score(self, stats: ScoreStats) -> torch.Tensor:
+        return stats.pos.float()  # newer = keep

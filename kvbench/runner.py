@@ -1,0 +1,212 @@
+"""One run: config -> model, task, policy -> generation -> scores -> one record.
+
+The runner owns the run's life cycle and its failure modes: the record is written whatever
+happens (status "ok", "oom" or "error"), predictions first, so a crash or an OOM in one run of a
+sweep loses nothing already written. Loaded models are kept for the next run of the same process
+(Hydra's basic launcher runs a sweep's jobs in one process), keyed by the model config.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import gc
+import logging
+import statistics
+import subprocess
+import traceback
+import uuid
+from pathlib import Path
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+import kvbench
+from kvbench import engine, results
+from kvbench.config import build_policy, build_task, config_hash, validate
+from kvbench.errors import OutOfMemory
+from kvbench.models.base import LoadedModel, resolve_device
+
+log = logging.getLogger("kvbench")
+_models: dict[str, LoadedModel] = {}
+
+
+@functools.lru_cache(maxsize=1)
+def git_sha() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(kvbench.__file__).parent, capture_output=True, text=True, timeout=5
+        )
+        sha = out.stdout.strip()
+        return sha if len(sha) == 40 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def load_model(cfg: DictConfig) -> LoadedModel:
+    """The model of `cfg`, reused if this process already loaded it (only one is kept)."""
+    key = f"{OmegaConf.to_yaml(cfg.model)}|{cfg.device}"
+    if key not in _models:
+        _models.clear()
+        gc.collect()
+        _models[key] = instantiate(cfg.model, device=cfg.device, _convert_="all")
+    return _models[key]
+
+
+def is_oom(e: BaseException) -> bool:
+    return isinstance(e, (OutOfMemory, torch.cuda.OutOfMemoryError)) or "out of memory" in str(e).lower()
+
+
+def new_record(cfg: DictConfig, policy, task) -> dict:
+    started = dt.datetime.now(dt.timezone.utc)
+    chash = config_hash(cfg)
+    return {
+        "run_id": f"{started:%Y%m%d-%H%M%S}-{chash[:8]}-{uuid.uuid4().hex[:4]}",
+        "config_hash": chash,
+        "started_at": started.isoformat(timespec="seconds"),
+        "kvbench_version": kvbench.__version__,
+        "git_sha": git_sha(),
+        "status": "error",
+        "error": None,
+        "experiment": cfg.experiment_name,
+        "model": cfg.model.name,
+        "task": task.name,
+        "policy": policy.name,
+        "kv_size": policy.kv_size,
+        "evict_every": policy.evict_every if policy.evicts else None,
+        "schedule": policy.schedule if policy.evicts else None,
+        "batch_size": cfg.batch_size,
+        "n_samples": task.n_samples,
+        "max_new_tokens": cfg.gen.max_new_tokens,
+        "seed": cfg.seed,
+        "device": str(resolve_device(cfg.device)),
+        "metrics": {},
+        "throughput_tok_s": None,
+        "prefill_s": None,
+        "decode_s": None,
+        "wall_s": None,
+        "generated_tokens": None,
+        "peak_kv_bytes": None,
+        "peak_mem_bytes": None,
+        "search": None,
+        "extensions": [],
+        "prompts": None,
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "predictions_path": None,
+    }
+
+
+def prompt_stats(samples, ids) -> dict:
+    lengths = [len(x) for x in ids]
+    return {
+        "n": len(lengths),
+        "tokens_mean": round(statistics.fmean(lengths), 1),
+        "tokens_median": statistics.median(lengths),
+        "tokens_min": min(lengths),
+        "tokens_max": max(lengths),
+        "n_cut": sum(1 for s in samples if s.cut),
+    }
+
+
+def predictions(task, samples, ids, out: engine.GenerationOutput, lm: LoadedModel, save_prompt_ids: bool):
+    """Cut each generation at EOS and the task's stop strings, extract, score."""
+    rows, scores = [], []
+    eos = set(lm.eos_token_ids)
+    for s, p_ids, gen in zip(samples, ids, out.token_ids):
+        upto = next((i for i, t in enumerate(gen) if t in eos), len(gen))
+        text = task.cut(lm.tokenizer.decode(gen[:upto], skip_special_tokens=True))
+        score = task.score(task.extract(text), s.references)
+        scores.append(score)
+        row = {
+            "index": s.index,
+            "prompt": s.prompt,
+            "prompt_tokens": len(p_ids),
+            "prediction": text,
+            "references": s.references,
+            "token_ids": gen,
+            "score": score,
+        }
+        if save_prompt_ids:
+            row["prompt_ids"] = p_ids
+        rows.append(row)
+    return rows, task.aggregate(scores)
+
+
+def execute(cfg: DictConfig, record: dict, lm: LoadedModel, policy, task, samples, ids) -> list[dict]:
+    """Generate, score and fill `record`; returns the prediction rows."""
+    out = engine.generate(
+        lm.model,
+        lm.tokenizer,
+        ids,
+        policy,
+        batch_size=cfg.batch_size,
+        max_new_tokens=cfg.gen.max_new_tokens,
+        eos_token_ids=lm.eos_token_ids,
+        ignore_eos=cfg.gen.ignore_eos,
+        prefill_chunk=cfg.gen.prefill_chunk,
+        score_chunk=cfg.gen.score_chunk,
+        progress=True,
+    )
+    rows, metrics = predictions(task, samples, ids, out, lm, cfg.output.save_prompt_ids)
+    record.update(
+        status="ok",
+        metrics=metrics,
+        throughput_tok_s=out.throughput_tok_s,
+        prefill_s=out.prefill_s,
+        decode_s=out.decode_s,
+        wall_s=out.wall_s,
+        generated_tokens=out.generated_tokens,
+        peak_kv_bytes=out.peak_kv_bytes,
+    )
+    dev = lm.device
+    if dev.type == "cuda":
+        record["peak_mem_bytes"] = torch.cuda.max_memory_allocated(dev)
+    return rows
+
+
+def run(cfg: DictConfig, lm: LoadedModel | None = None) -> dict:
+    """Run one configuration and append its record; returns the record (also on oom / error)."""
+    validate(cfg)
+    policy, task = build_policy(cfg), build_task(cfg)
+    record = new_record(cfg, policy, task)
+    if cfg.skip_existing:
+        done = results.finished(cfg.results_dir, record["config_hash"])
+        if done is not None:
+            log.info("skip: %s already recorded as %s (%s)", record["config_hash"], done["status"], done["run_id"])
+            return done
+    record["extensions"] = policy.describe()["extensions"]
+    rows: list[dict] = []
+    try:
+        torch.manual_seed(cfg.seed)
+        lm = lm or load_model(cfg)
+        if lm.model.config.num_attention_heads != getattr(lm.model.config, "num_key_value_heads", None) and (
+            policy.needs_attention
+        ):
+            record["extensions"].append("gqa_group_mean")
+        samples = task.samples(lm.tokenizer)
+        ids = [task.encode(lm.tokenizer, s.prompt) for s in samples]
+        record["prompts"] = prompt_stats(samples, ids)
+        if cfg.mode == "prompt_report":
+            record["status"] = "ok"
+        else:
+            rows = execute(cfg, record, lm, policy, task, samples, ids)
+    except Exception as e:  # recorded, never lost; the caller decides whether to re-raise
+        record["status"] = "oom" if is_oom(e) else "error"
+        record["error"] = f"{type(e).__name__}: {e}"
+        record["traceback"] = traceback.format_exc(limit=20)
+        log.error("run %s ended with %s: %s", record["run_id"], record["status"], record["error"])
+    except BaseException:  # interrupted: still leave a record, then stop
+        record["error"] = "interrupted"
+        raise
+    finally:
+        if rows:
+            path = Path(cfg.results_dir) / "predictions" / f"{record['run_id']}.jsonl"
+            results.write_jsonl(path, rows)
+            record["predictions_path"] = str(path)
+        results.append_record(cfg.results_dir, record)
+    try:
+        instantiate(cfg.logger).log_run(record, rows, record["config"])
+    except Exception as e:  # a tracker failure never fails a run
+        log.warning("logger failed: %s", e)
+    return record

@@ -1,0 +1,50 @@
+"""Which tokens each forward pass processes, and when a sample evicts (Algorithm 1 of method.md).
+
+Per sample, its own prompt is split like Algorithm 1 at batch size 1: a first block of
+min(s_b, kv_size) positions (processed in chunks of `chunk`, no eviction inside), then blocks of
+p = evict_every positions, each preceded by an eviction of p pairs. Without prefill eviction the
+whole prompt is the first block. The per-sample block lists are right-aligned so that every sample
+processes its last prompt token in the same (final) forward; a forward's width is the largest block
+of that step and each sample's tokens are right-aligned in it (left padding inside the chunk).
+
+Eviction rule, the same in prefill and decode: before a forward that brings r_b real tokens,
+sample b evicts down to kv_size - p pairs if n_b + r_b > kv_size. This is Algorithm 1 for
+prefill_and_decode, and for decode_only it compresses once at the first decode step (Algorithm 2
+for extreme_decode, where kv_size - p = 1).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvbench.policies.base import Policy
+
+
+def block_sizes(length: int, first_block: int | None, block: int, chunk: int) -> list[int]:
+    """Algorithm 1's blocks for one prompt of `length` tokens (first block split into chunks)."""
+    first = length if first_block is None else min(length, first_block)
+    sizes = [min(chunk, first - a) for a in range(0, first, chunk)]
+    sizes += [min(block, length - a) for a in range(first, length, block)]
+    return sizes
+
+
+def prefill_plan(lengths: list[int], policy: Policy, chunk: int | None) -> list[torch.Tensor]:
+    """Real tokens per sample for each prefill forward: a list of (B,) long tensors."""
+    longest = max(lengths)
+    if policy.evicts_in_prefill:
+        chunk = chunk or policy.evict_every
+        per_sample = [block_sizes(s, policy.kv_size, policy.evict_every, chunk) for s in lengths]
+    else:
+        chunk = chunk or longest
+        per_sample = [block_sizes(s, None, chunk, chunk) for s in lengths]
+    steps = max(len(x) for x in per_sample)
+    table = torch.tensor([[0] * (steps - len(x)) + x for x in per_sample], dtype=torch.long)  # (B, K)
+    return list(table.T.unbind(0))
+
+
+def rows_to_evict(n: torch.Tensor, r: torch.Tensor, policy: Policy, prefill: bool) -> torch.Tensor | None:
+    """(B,) bool of samples that must evict before a forward bringing r tokens, or None."""
+    if not policy.evicts or (prefill and not policy.evicts_in_prefill):
+        return None
+    rows = (n + r > policy.kv_size) & (r > 0)
+    return rows if bool(rows.any()) else None

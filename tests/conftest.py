@@ -1,0 +1,56 @@
+"""Shared fixtures: tiny random models (float64, so float noise never flips a greedy token) and prompts."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+def _tiny(arch: str):
+    from kvbench.models import build_tiny
+
+    return build_tiny(f"tiny-{arch}", arch=arch, dtype="float64", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama():
+    return _tiny("llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_phi3():
+    return _tiny("phi3")
+
+
+@pytest.fixture(scope="session", params=["llama", "phi3"])
+def tiny(request):
+    return _tiny(request.param)
+
+
+def random_prompts(lengths, seed=1, vocab=256):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+@pytest.fixture
+def prompts4():
+    """Four prompts of different lengths: a left-padded batch of 4."""
+    return random_prompts((37, 12, 25, 40))
+
+
+def hf_greedy(model, prompt, max_new_tokens, eos=None, pad=258):
+    out = model.generate(
+        torch.tensor([prompt]),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=pad,
+    )
+    return out[0, len(prompt) :].tolist()

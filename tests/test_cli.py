@@ -1,0 +1,97 @@
+"""The command line: bad overrides fail in one line with exit code 2 before any model loads;
+a good one writes exactly one record and a predictions file."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kvbench import cli, runner
+from kvbench.results import read_jsonl, read_records
+
+BAD = {
+    "policy=nope": "policy=nope",
+    "model=nope": "model=nope",
+    "task=nope": "task=nope",
+    "nokey=1": "nokey",
+    "policy=window policy.nokey=3": "policy.nokey",
+    "batch_size=abc": "batch_size",
+    "batch_size=0": "batch_size",
+    "policy=window policy.kv_size=0": "policy.kv_size",
+    "policy=batch_max policy.kv_size=-4": "policy.kv_size",
+    "policy=window policy.evict_every=0": "policy.evict_every",
+    "policy=batch_max policy.kv_size=64 policy.evict_every=64": "policy.evict_every",
+    "policy=batch_max policy.schedule=sometimes": "policy.schedule",
+    "gen.max_new_tokens=0": "gen.max_new_tokens",
+    "data.dir=/does/not/exist": "data.dir",
+    "task.n_samples=0": "task.n_samples",
+    "memory.budget_gb=-1": "memory.budget_gb",
+    "memory.budget_gb=lots": "memory.budget_gb",
+    "search.candidates=[]": "search.candidates",
+    "search.candidates=[0,4]": "search.candidates",
+    "search.max_batch=true batch_size=4": "batch_size",
+    "-m policy=window,batch_max policy.kv_size=64 policy.evict_every=100": "policy.evict_every",
+}
+
+
+@pytest.fixture(autouse=True)
+def no_model_loading(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(runner, "load_model", refuse)
+
+
+@pytest.mark.parametrize("args", list(BAD), ids=list(BAD))
+def test_bad_override_is_one_line_exit_2(args, capsys, tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(args.split() + [f"results_dir={tmp_path}"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("kvbench: error:") and "\n" not in err, err
+    assert BAD[args] in err
+    assert not (tmp_path / "runs.jsonl").exists()
+
+
+def test_cuda_without_gpu(capsys, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["device=cuda", f"results_dir={tmp_path}"])
+    assert exc.value.code == 2 and "device" in capsys.readouterr().err
+
+
+def test_subprocess_has_no_traceback(tmp_path):
+    p = subprocess.run(
+        [sys.executable, "-m", "kvbench", "policy=window", "policy.kv_size=0", f"results_dir={tmp_path}"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert p.returncode == 2
+    assert "Traceback" not in p.stderr and p.stderr.strip().count("\n") == 0
+    assert p.stderr.startswith("kvbench: error: policy.kv_size=0")
+
+
+def test_run_writes_one_record_and_predictions(tmp_path, monkeypatch):
+    monkeypatch.undo()  # allow model loading here
+    args = ["model=tiny-llama", "task.n_samples=4", "task.context_tokens=64", "batch_size=2",
+            "gen.max_new_tokens=4", "policy=batch_max", "policy.kv_size=64", "policy.evict_every=16",
+            f"results_dir={tmp_path}", "output.save_prompt_ids=true"]
+    monkeypatch.setattr(sys, "argv", ["kvbench"])
+    cli.main(args)
+    (rec,) = read_records(tmp_path)
+    assert rec["status"] == "ok" and rec["policy"] == "batch_max" and rec["kv_size"] == 64
+    for key in ("run_id", "started_at", "kvbench_version", "git_sha", "error", "model", "task", "evict_every",
+                "schedule", "batch_size", "n_samples", "max_new_tokens", "seed", "device", "metrics",
+                "throughput_tok_s", "prefill_s", "decode_s", "wall_s", "peak_kv_bytes", "peak_mem_bytes",
+                "search", "config", "predictions_path"):
+        assert key in rec
+    rows = read_jsonl(rec["predictions_path"])
+    assert [r["index"] for r in rows] == [0, 1, 2, 3]
+    for r in rows:
+        assert set(r) >= {"index", "prompt", "prompt_tokens", "prediction", "references", "token_ids", "score", "prompt_ids"}
+        assert len(r["token_ids"]) <= 4 and r["prompt_tokens"] == len(r["prompt_ids"])
+    assert rec["metrics"]["accuracy"] == sum(r["score"]["accuracy"] for r in rows) / 4
+    json.dumps(rec)
