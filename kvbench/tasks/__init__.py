@@ -1,6 +1,9 @@
 """Tasks: one small class per task (prompt building, answer extraction, scoring)."""
 
 from kvbench.tasks.base import Sample, Task
+from kvbench.tasks.cnndm import CNNDM
+from kvbench.tasks.gsm8k import GSM8K
+from kvbench.tasks.narrativeqa import NarrativeQA
 from kvbench.tasks.passkey import Passkey
 
-__all__ = ["Sample", "Task", "Passkey"]
+__all__ = ["Sample", "Task", "CNNDM", "GSM8K", "NarrativeQA", "Passkey"]

@@ -89,7 +89,8 @@ class Task:
 
     # ------------------------------------------------------------------ scoring
     def cut(self, text: str) -> str:
-        """Cut a generation at the first stop string."""
+        """Cut a generation at the first stop string (after its leading whitespace)."""
+        text = text.lstrip()
         for s in self.stop_strings:
             i = text.find(s)
             if i >= 0:
