@@ -36,29 +36,52 @@ def attention_stats(query, key, step, scaling: float, chunk: int) -> tuple[torch
     query (B, Hq, T, D), key (B, H_kv, N, D). Returns (w_sum, w_last), both (B, H_kv, N) float32:
     w_sum sums the softmax rows of the real queries; w_last is the newest query's row. Query heads
     of a GQA group are averaged.
+
+    Vectorised over batch, heads and the queries of a chunk, with one score buffer per chunk:
+    the G query heads of a KV group and the chunk's queries are folded into one matrix, so a single
+    batched matmul against the group's keys (no broadcast copy of the keys per query head) gives the
+    (B, H_kv, G * tc, N) logits; masking runs in place on that buffer, then one fused softmax.
+    Logits are computed in the model's dtype like eager attention, the softmax in float32. Peak extra
+    memory per chunk, per (B, Hq, tc, N) element: 8 bytes for float32, float16 and bfloat16 models
+    (float32 logits + weights; a half-precision matmul output is dropped once converted), 12 for
+    float64 (its logits, their float32 copy, the weights), + O(B * Hq * chunk * D).
     """
     B, Hq, T, D = query.shape
-    H = key.shape[1]
+    H, N = key.shape[1], key.shape[2]
     G = Hq // H
-    N = key.shape[2]
-    qg = query.view(B, H, G, T, D)
-    kt = key.transpose(-1, -2)[:, :, None]  # (B, H, 1, D, N)
-    w_sum = torch.zeros(B, H, N, dtype=torch.float32, device=query.device)
+    acc = torch.float32  # softmax and sums; the statistics are stored in float32 anyway
+    kt = key.transpose(-1, -2)  # (B, H, D, N), a view
+    w_sum = torch.zeros(B, H, N, dtype=acc, device=query.device) if T > chunk else None
     w_last = None
     for t0 in range(0, T, chunk):
         t1 = min(T, t0 + chunk)
-        s = torch.matmul(qg[:, :, :, t0:t1], kt).float() * scaling  # (B, H, G, tc, N)
+        tc = t1 - t0
+        q = (query[:, :, t0:t1] * scaling).reshape(B, H, G * tc, D)  # (B, H, G*tc, D), heads of a group adjacent
+        s = torch.matmul(q, kt)  # (B, H, G*tc, N)
+        if s.dtype != acc:
+            s = s.to(acc)
+        s4 = s.view(B, H, G, tc, N)
         if step.mask is not None:
-            s = s.masked_fill(~step.mask[:, :, None, t0:t1], float("-inf"))
+            s4.masked_fill_(~step.mask[:, :, None, t0:t1], float("-inf"))  # mask (B, 1, T, N)
         elif step.causal:
-            q = torch.arange(t0, t1, device=query.device)[:, None]
-            s = s.masked_fill(torch.arange(N, device=query.device)[None, :] > q, float("-inf"))
-        w = torch.softmax(s, dim=-1)
-        real = step.real[:, None, None, t0:t1, None]  # (B, 1, 1, tc, 1)
-        w_sum += (w * real).sum(dim=(2, 3)) / G
-        if t1 == T:
-            w_last = w[:, :, :, -1].mean(dim=2)
-    return w_sum, w_last
+            qpos = torch.arange(t0, t1, device=query.device)[:, None]
+            s4.masked_fill_(torch.arange(N, device=query.device)[None, :] > qpos, float("-inf"))
+        s = torch.softmax(s, dim=-1)  # one fused kernel; slot 0 is never masked, so no row is empty
+        s4 = s.view(B, H, G, tc, N)
+        if t1 == T and T > 1:
+            w_last = s4[:, :, :, -1].mean(dim=2)  # (B, H, N): the newest query's row, group mean
+        if not step.all_real:
+            s4.masked_fill_(~step.real[:, None, None, t0:t1, None], 0.0)  # pad queries give no weight
+        if w_sum is None:  # a single chunk (always so while decoding)
+            w_sum = s.sum(dim=2)  # (B, H, N)
+        else:
+            w_sum += s.sum(dim=2)
+        del s, s4  # the next chunk's logits must not coexist with these weights
+    if G > 1:
+        w_sum /= G
+    if w_last is None:  # one query: its row is the sum (for samples without a query, w_last is unused)
+        w_last = w_sum
+    return w_sum.float(), w_last.float()
 
 
 def kvbench_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):

@@ -9,8 +9,13 @@ of that step and each sample's tokens are right-aligned in it (left padding insi
 
 Eviction rule, the same in prefill and decode: before a forward that brings r_b real tokens,
 sample b evicts down to kv_size - p pairs if n_b + r_b > kv_size. This is Algorithm 1 for
-prefill_and_decode, and for decode_only it compresses once at the first decode step (Algorithm 2
-for extreme_decode, where kv_size - p = 1).
+prefill_and_decode (an eviction always finds the cache at exactly kv_size there, so "down to
+kv_size - p" is "evict p pairs"). For decode_only a sample whose prompt has s_b >= kv_size pairs
+compresses them at once, down to kv_size - p, at its first decode step, and from then on follows
+Algorithm 1's decode loop (evict p when the cache holds kv_size); a shorter prompt just fills up
+to kv_size first. With p = 1 (H2O, TOVA) the cache then holds exactly kv_size pairs after every
+decode forward; with p > 1 it cycles between kv_size - p + 1 and kv_size. method.md does not spell
+decode_only out for p > 1; this is Algorithm 2 (extreme_decode, where kv_size - p = 1) generalised.
 """
 
 from __future__ import annotations

@@ -1,0 +1,252 @@
+"""Brute-force reference for the scored eviction policies of method.md, independent of kvbench's engine.
+
+Plain and slow on purpose, for the tests only. Nothing from kvbench is imported: it has
+
+* its own decoder forward over a transformers model's weights (Llama layout with q/k/v and
+  gate/up projections, or Phi-3 with the fused `qkv_proj` and `gate_up_proj`): embedding, per layer
+  RMSNorm, projections, RoPE at the pair's true position, attention, o_proj, MLP; final norm and
+  lm_head. RMSNorm and the RoPE tables are computed in float32 and cast back exactly like
+  transformers does, everything else in the model's dtype (float64 in the tests);
+* ONE position processed at a time: a query attends to the pairs in its (layer, KV head)'s
+  explicit cache, a Python list of `Pair` records (position, key, value, score bookkeeping), to
+  which its own pair was just appended. Processing a block of Algorithm 1 token by token is the
+  same computation, since nothing is evicted inside a block;
+* its own score bookkeeping per pair: `sum_w` (weight received from every query so far) and
+  `last_w` (weight from the newest query). With grouped-query attention each KV head's weights
+  are the mean over the query heads of its group;
+* its own eviction: per (layer, KV head), drop the lowest-scored unprotected pairs, ties going to
+  the older pair, where the score is
+      "average" (Batch-Max)  sum_w / (last + 1 - pos)
+      "sum"     (H2O)        sum_w
+      "last"    (TOVA)       last_w
+  and protected pairs are positions < protect_first and the protect_recent newest positions;
+* the schedules written from method.md:
+      prefill_and_decode  Algorithm 1: first block of min(s, kv) positions, then "evict p, process
+                          the next p positions" until the prompt is done; while decoding, evict p
+                          whenever the cache holds kv pairs, then process the last token.
+      decode_only         process the whole prompt; before each decode step, if the cache holds
+                          kv pairs or more, evict down to kv - p. The first step compresses the
+                          prompt at once; afterwards it is Algorithm 1's decode loop. This is
+                          Algorithm 2 (extreme decoding) generalised: there kv - p = 1.
+
+Batch size 1 only: a left-padded batch of the engine is checked sample by sample against it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class Pair:
+    """One cached key/value pair of one (layer, KV head)."""
+
+    pos: int
+    k: torch.Tensor  # (D,)
+    v: torch.Tensor  # (D,)
+    sum_w: float = 0.0  # weight received from every query processed so far (group mean)
+    last_w: float = 0.0  # weight received from the newest query (group mean)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A scored policy as method.md states it (not kvbench's Policy objects)."""
+
+    rule: str  # "average" | "sum" | "last"
+    kv_size: int
+    evict_every: int
+    schedule: str  # "prefill_and_decode" | "decode_only"
+    protect_first: int = 0
+    protect_recent: int = 0
+
+
+@dataclass
+class Trace:
+    tokens: list[int]
+    # one entry per eviction: (positions processed so far, kept[layer][kv_head] = sorted positions)
+    evictions: list[tuple[int, list[list[list[int]]]]] = field(default_factory=list)
+    final: list[list[list[int]]] = field(default_factory=list)  # kept positions at the end
+    peak: int = 0  # most pairs held by one (layer, head) at any time
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' RMSNorm: normalised in float32, cast back, then scaled."""
+    x32 = x.to(torch.float32)
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class ReferenceModel:
+    """The model's weights and a one-token forward over explicit per-(layer, KV head) caches."""
+
+    def __init__(self, model):
+        cfg = model.config
+        sd = {k: v.detach() for k, v in model.state_dict().items()}
+        self.dtype = sd["model.embed_tokens.weight"].dtype
+        self.Hq = cfg.num_attention_heads
+        self.Hkv = getattr(cfg, "num_key_value_heads", None) or self.Hq
+        self.G = self.Hq // self.Hkv
+        self.D = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.Hq
+        self.eps = cfg.rms_norm_eps
+        self.scale = self.D**-0.5
+        assert cfg.hidden_act == "silu", cfg.hidden_act
+        rope = dict(getattr(cfg, "rope_parameters", None) or {})
+        assert rope.get("rope_type", "default") == "default", rope
+        base = rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
+        rot = int(self.D * rope.get("partial_rotary_factor", 1.0))
+        self.inv_freq = 1.0 / (base ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))  # (rot/2,) float32
+        self.embed = sd["model.embed_tokens.weight"]
+        self.norm = sd["model.norm.weight"]
+        self.lm_head = sd.get("lm_head.weight", self.embed)
+        self.layers = []
+        for i in range(cfg.num_hidden_layers):
+            p = f"model.layers.{i}."
+            w = {k[len(p) :]: v for k, v in sd.items() if k.startswith(p)}
+            if "self_attn.qkv_proj.weight" in w:  # Phi-3: fused q|k|v, then gate|up
+                q_end, k_end = self.Hq * self.D, (self.Hq + self.Hkv) * self.D
+                qkv = w["self_attn.qkv_proj.weight"]
+                wq, wk, wv = qkv[:q_end], qkv[q_end:k_end], qkv[k_end:]
+                bq = bk = bv = None
+                gate, up = w["mlp.gate_up_proj.weight"].chunk(2, dim=0)
+            else:  # Llama
+                wq, wk, wv = (w[f"self_attn.{n}_proj.weight"] for n in "qkv")
+                bq, bk, bv = (w.get(f"self_attn.{n}_proj.bias") for n in "qkv")
+                gate, up = w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"]
+            self.layers.append(
+                dict(
+                    ln1=w["input_layernorm.weight"], ln2=w["post_attention_layernorm.weight"],
+                    wq=wq, wk=wk, wv=wv, bq=bq, bk=bk, bv=bv,
+                    wo=w["self_attn.o_proj.weight"], bo=w.get("self_attn.o_proj.bias"),
+                    gate=gate, up=up, down=w["mlp.down_proj.weight"],
+                )
+            )
+
+    def new_cache(self) -> list[list[list[Pair]]]:
+        """cache[layer][kv_head] = list of Pair, in position order."""
+        return [[[] for _ in range(self.Hkv)] for _ in self.layers]
+
+    def _rope(self, x: torch.Tensor, pos: int) -> torch.Tensor:
+        """x (heads, D) rotated for position `pos` (tables in float32 like transformers)."""
+        freqs = torch.tensor(float(pos), dtype=torch.float32) * self.inv_freq  # (rot/2,)
+        emb = torch.cat((freqs, freqs))  # (rot,)
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        rot = emb.shape[0]
+        xr, xp = x[:, :rot], x[:, rot:]
+        return torch.cat((xr * cos + _rotate_half(xr) * sin, xp), dim=-1)
+
+    def step(self, token: int, pos: int, cache) -> torch.Tensor:
+        """Process one token at `pos`: append its pairs, attend, update scores. Returns logits (V,)."""
+        x = self.embed[token]  # (hidden,)
+        for lw, heads in zip(self.layers, cache, strict=True):
+            h = _rms_norm(x, lw["ln1"], self.eps)
+            q = F.linear(h, lw["wq"], lw["bq"]).view(self.Hq, self.D)  # (Hq, D)
+            k = F.linear(h, lw["wk"], lw["bk"]).view(self.Hkv, self.D)  # (Hkv, D)
+            v = F.linear(h, lw["wv"], lw["bv"]).view(self.Hkv, self.D)
+            q, k = self._rope(q, pos), self._rope(k, pos)
+            out = torch.zeros(self.Hq, self.D, dtype=self.dtype)
+            for g in range(self.Hkv):
+                pairs = heads[g]
+                pairs.append(Pair(pos, k[g].clone(), v[g].clone()))
+                K = torch.stack([pr.k for pr in pairs])  # (n, D)
+                V = torch.stack([pr.v for pr in pairs])  # (n, D)
+                group_w = torch.zeros(len(pairs), dtype=self.dtype)
+                for j in range(self.G):
+                    hq = g * self.G + j  # query heads of KV head g are consecutive (repeat_kv)
+                    s = (K @ q[hq]) * self.scale  # (n,)
+                    e = torch.exp(s - s.max())
+                    w = e / e.sum()  # (n,)
+                    out[hq] = w @ V
+                    group_w += w
+                group_w /= self.G
+                for pr, wi in zip(pairs, group_w.tolist(), strict=True):
+                    pr.sum_w += wi
+                    pr.last_w = wi
+            x = x + F.linear(out.reshape(-1), lw["wo"], lw["bo"])
+            h = _rms_norm(x, lw["ln2"], self.eps)
+            x = x + F.linear(F.silu(F.linear(h, lw["gate"])) * F.linear(h, lw["up"]), lw["down"])
+        x = _rms_norm(x, self.norm, self.eps)
+        return F.linear(x, self.lm_head)  # (V,)
+
+
+def _score(pr: Pair, rule: str, last: int) -> float:
+    if rule == "average":
+        return pr.sum_w / (last + 1 - pr.pos)  # queries that could attend the pair, its own included
+    if rule == "sum":
+        return pr.sum_w
+    if rule == "last":
+        return pr.last_w
+    raise ValueError(rule)
+
+
+def evict(cache, spec: Spec, keep: int, last: int) -> None:
+    """Per (layer, KV head): drop the lowest-scored unprotected pairs until `keep` remain."""
+    for heads in cache:
+        for g, pairs in enumerate(heads):
+            drop = len(pairs) - keep
+            assert drop > 0, (len(pairs), keep)
+            protected = lambda pr: pr.pos < spec.protect_first or pr.pos > last - spec.protect_recent  # noqa: E731
+            candidates = [pr for pr in pairs if not protected(pr)]
+            assert len(candidates) >= drop, "protections leave too few pairs to evict"
+            # lowest score first; on equal scores the older pair (smaller position) goes first
+            victims = sorted(candidates, key=lambda pr: (_score(pr, spec.rule, last), pr.pos))[:drop]
+            gone = {id(pr) for pr in victims}
+            heads[g] = [pr for pr in pairs if id(pr) not in gone]
+
+
+def kept(cache) -> list[list[list[int]]]:
+    return [[sorted(pr.pos for pr in pairs) for pairs in heads] for heads in cache]
+
+
+def generate(ref: ReferenceModel, prompt: list[int], max_new: int, spec: Spec | None) -> Trace:
+    """Greedy generation of `max_new` tokens (EOS ignored) under `spec` (None: full cache)."""
+    cache = ref.new_cache()
+    trace = Trace(tokens=[])
+    size = lambda: len(cache[0][0])  # noqa: E731  every head holds the same count
+
+    def process(tokens: list[int], start: int) -> torch.Tensor:
+        logits = None
+        for i, tok in enumerate(tokens):
+            logits = ref.step(tok, start + i, cache)
+            trace.peak = max(trace.peak, max(len(p) for heads in cache for p in heads))
+        return logits
+
+    def do_evict(keep: int, processed: int) -> None:
+        evict(cache, spec, keep, processed - 1)
+        trace.evictions.append((processed, kept(cache)))
+
+    s = len(prompt)
+    if spec is None or spec.schedule == "decode_only":
+        logits = process(prompt, 0)
+    elif spec.schedule == "prefill_and_decode":  # Algorithm 1
+        kv, p = spec.kv_size, spec.evict_every
+        t1 = min(s, kv)
+        logits = process(prompt[:t1], 0)
+        while t1 < s:
+            do_evict(size() - p, t1)  # "evict p pairs"
+            t0, t1 = t1, min(s, t1 + p)
+            logits = process(prompt[t0:t1], t0)
+    else:
+        raise ValueError(spec.schedule)
+    tok = int(logits.argmax())
+    trace.tokens.append(tok)
+    for t in range(1, max_new):
+        if spec is not None:
+            if spec.schedule == "prefill_and_decode":
+                assert size() <= spec.kv_size
+                if size() == spec.kv_size:  # "if cache holds |kv| pairs: evict p pairs"
+                    do_evict(spec.kv_size - spec.evict_every, s + t - 1)
+            elif size() >= spec.kv_size:  # decode_only: compress the prompt once, then as above
+                do_evict(spec.kv_size - spec.evict_every, s + t - 1)
+        logits = process([tok], s + t - 1)
+        tok = int(logits.argmax())
+        trace.tokens.append(tok)
+    trace.final = kept(cache)
+    return trace
