@@ -40,6 +40,7 @@ class Step:
     slot: torch.Tensor  # (B, T) slot each token is written to (C = scratch for pads)
     positions: torch.Tensor  # (B, T) int32 true positions (0 for pads)
     real: torch.Tensor  # (B, T) bool: token is a real (non-pad) query
+    all_real: bool  # no pad query in this forward (known on the CPU: no device sync to test it)
     active: torch.Tensor  # (B,) bool: sample has at least one real token in this chunk
     mask: torch.Tensor | None  # (B, 1, T, N) bool, None when not needed
     causal: bool  # use SDPA's is_causal instead of a mask
@@ -155,6 +156,18 @@ class KVCache(Cache):
         """Bytes preallocated for the cache (K, V, positions and statistics, scratch slot included)."""
         return sum(g.nbytes() for g in self._groups)
 
+    @staticmethod
+    def nbytes_for(
+        *, batch_size: int, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype,
+        track_attention: bool,
+    ) -> int:
+        """What `allocated_bytes()` reports for such a cache, before building it (kvbench.memory's account).
+
+        Built from the same `_Group` on the meta device, so the count cannot drift from the allocation.
+        """
+        g = _Group(range(num_layers), batch_size, num_kv_heads, capacity, head_dim, dtype, "meta", track_attention)
+        return g.nbytes()
+
     def layer_keys(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Positions (B, H, C+1) and the count n (B,) of a layer, for tests and inspection."""
         g, i = self._where[layer]
@@ -194,6 +207,7 @@ class KVCache(Cache):
             slot=slot,
             positions=positions.to(torch.int32),
             real=real,
+            all_real=bool(real.all()),
             active=r > 0,
             thresh=(n_new - T) if need_mask else None,
             causal=causal,
@@ -225,6 +239,7 @@ class KVCache(Cache):
                 slot=c["slot"].to(device),
                 positions=c["positions"].to(device),
                 real=c["real"].to(device),
+                all_real=c["all_real"],
                 active=c["active"].to(device),
                 mask=mask,
                 causal=c["causal"],
@@ -254,7 +269,10 @@ class KVCache(Cache):
         N = w_sum.shape[-1]
         g.sum_w[i][:, :, :N] += w_sum
         lw = g.last_w[i][:, :, :N]
-        lw.copy_(torch.where(st.active[:, None, None], w_last, lw))
+        if st.all_real:  # every sample brought a query (always so while decoding)
+            lw.copy_(w_last)
+        else:  # samples with no token in this forward keep their newest query's row
+            lw.copy_(torch.where(st.active[:, None, None], w_last, lw))
 
     # ------------------------------------------------------------------ eviction
     def evict(self, rows: torch.Tensor, keep: int, policy: Policy) -> None:

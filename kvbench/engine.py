@@ -6,6 +6,11 @@ decode one token per step, evicting before a step when a sample's cache is full.
 explicit true `position_ids` (RoPE sees real positions after eviction) and prefill materialises no
 logits except the last position's (`logits_to_keep=1`; intermediate chunks run the decoder only).
 
+Memory: before each batch `generate` computes its accounted peak (`kvbench.memory.account`) and, with a
+`budget`, refuses a batch over it on CPU (`BudgetExceeded`, an out-of-memory) before anything is
+allocated. `decode_steps` stops a batch early (a memory probe: the cache is still sized for
+`max_new_tokens`); `warmup` runs the first batch once, untimed, before the timed ones.
+
 Timings: `prefill_s` covers the prompt forwards and their evictions, `decode_s` the rest; CUDA is
 synchronised at each boundary. EOS handling matches `model.generate`: a finished sample keeps
 running on pad tokens until the batch ends; with `ignore_eos` every sample generates
@@ -21,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
+from kvbench import memory
 from kvbench.attention import SCORE_CHUNK, kv_attention
 from kvbench.cache import KVCache
 from kvbench.policies.base import Policy
@@ -38,6 +44,7 @@ class GenerationOutput:
     generated_tokens: int = 0  # tokens the batches produced (finished samples' pad steps excluded)
     peak_kv_bytes: int = 0  # most KV bytes held at once (kept pairs)
     kv_allocated_bytes: int = 0  # largest cache allocation (slots, positions, statistics)
+    accounted: memory.Account | None = None  # the largest accounted peak of a batch
     batches: int = 0
     prompt_tokens: list[int] = field(default_factory=list)
 
@@ -115,12 +122,17 @@ def generate_batch(
     prefill_chunk: int | None = None,
     observer: Observer | None = None,
     geometry: dict | None = None,
+    decode_steps: int | None = None,
 ) -> tuple[list[list[int]], dict]:
-    """Greedy-generate for one batch of token-id prompts. Returns (token ids per prompt, stats)."""
+    """Greedy-generate for one batch of token-id prompts. Returns (token ids per prompt, stats).
+
+    `decode_steps`: stop after this many decode steps (a probe); the cache is sized for max_new_tokens.
+    """
     geometry = geometry or model_geometry(model)
     dev_in = model.get_input_embeddings().weight.device
     batch = _Batch(model, ids, policy, max_new_tokens, pad_token_id, geometry)
     cache = batch.cache
+    allocated = cache.allocated_bytes()  # the largest: a cache only shrinks (decode_only resize)
     B = len(ids)
     eos = torch.tensor(list(eos_token_ids), dtype=torch.long, device=dev_in)
     base = model.get_decoder()
@@ -134,7 +146,11 @@ def generate_batch(
             use_cache=True,
             kvbench_cache=cache,
         )
-        out = model(**kw, logits_to_keep=1).logits[:, -1] if logits else base(**kw)
+        out = None
+        if logits:
+            out = model(**kw, logits_to_keep=1).logits[:, -1]
+        else:  # an intermediate prefill chunk only fills the cache: its hidden states are dropped at once
+            base(**kw)
         if observer:
             observer("forward", cache)
         return out
@@ -154,7 +170,8 @@ def generate_batch(
     steps = [next_tok]
     alive = [torch.ones(B, dtype=torch.bool, device=dev_in)]
     ones = torch.ones(B, dtype=torch.long)
-    for _ in range(1, max_new_tokens):
+    n_tokens = max_new_tokens if decode_steps is None else min(max_new_tokens, 1 + decode_steps)
+    for _ in range(1, n_tokens):
         if not ignore_eos:
             done = done | torch.isin(next_tok, eos)
             if bool(done.all()):
@@ -183,7 +200,7 @@ def generate_batch(
         decode_s=t2 - t1,
         generated_tokens=generated,
         peak_kv_bytes=cache.peak_kv_bytes,
-        kv_allocated_bytes=cache.allocated_bytes(),
+        kv_allocated_bytes=allocated,
     )
     return result, stats
 
@@ -207,11 +224,15 @@ def generate(
     add_special_tokens: bool = True,
     progress: bool = False,
     observer: Observer | None = None,
+    budget: memory.Budget | None = None,
+    warmup: bool = False,
+    decode_steps: int | None = None,
 ) -> GenerationOutput:
     """Greedy generation of `prompts` (strings or token ids) in batches under `policy`.
 
     Batches keep the given order (no sorting), so a batch size that divides the sample count gives
-    every run the same batches. EOS ids default to the model's generation config.
+    every run the same batches. EOS ids default to the model's generation config. `budget`,
+    `warmup`, `decode_steps`: see the module docstring.
     """
     if prompts and isinstance(prompts[0], str):
         ids = encode(tokenizer, prompts, add_special_tokens)
@@ -223,23 +244,39 @@ def generate(
         eos_token_ids = eos_ids(model, tokenizer)
     pad = pad_id(model, tokenizer)
     geometry = model_geometry(model)
+    shape = memory.ModelShape.of(model)
     out = GenerationOutput(token_ids=[], prompt_tokens=[len(x) for x in ids])
-    starts = range(0, len(ids), batch_size)
-    t0 = time.perf_counter()
+    batches = [ids[start : start + batch_size] for start in range(0, len(ids), batch_size)]
+
+    def run(batch: list[list[int]]) -> tuple[list[list[int]], dict]:
+        acc = memory.account(
+            shape, [len(x) for x in batch], policy, max_new_tokens=max_new_tokens, prefill_chunk=prefill_chunk,
+            score_chunk=score_chunk,
+        )
+        if out.accounted is None or acc.total > out.accounted.total:
+            out.accounted = acc
+        if budget is not None:
+            budget.admit(acc)
+        return generate_batch(
+            model,
+            batch,
+            policy,
+            max_new_tokens=max_new_tokens,
+            eos_token_ids=eos_token_ids,
+            pad_token_id=pad,
+            ignore_eos=ignore_eos,
+            prefill_chunk=prefill_chunk,
+            observer=observer,
+            geometry=geometry,
+            decode_steps=decode_steps,
+        )
+
     with kv_attention(model, score_chunk=score_chunk):
-        for start in tqdm(starts, desc=f"{policy.name} b={batch_size}", disable=not progress, leave=False):
-            tokens, stats = generate_batch(
-                model,
-                ids[start : start + batch_size],
-                policy,
-                max_new_tokens=max_new_tokens,
-                eos_token_ids=eos_token_ids,
-                pad_token_id=pad,
-                ignore_eos=ignore_eos,
-                prefill_chunk=prefill_chunk,
-                observer=observer,
-                geometry=geometry,
-            )
+        if warmup:
+            run(batches[0])  # untimed, not counted
+        t0 = time.perf_counter()
+        for batch in tqdm(batches, desc=f"{policy.name} b={batch_size}", disable=not progress, leave=False):
+            tokens, stats = run(batch)
             out.token_ids += tokens
             out.prefill_s += stats["prefill_s"]
             out.decode_s += stats["decode_s"]

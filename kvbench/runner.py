@@ -2,7 +2,15 @@
 
 The runner owns the run's life cycle and its failure modes: the record is written whatever
 happens (status "ok", "oom" or "error"), predictions first, so a crash or an OOM in one run of a
-sweep loses nothing already written. Loaded models are kept for the next run of the same process
+sweep loses nothing already written. One exception: a memory budget below the model's own weights
+(`ModelDoesNotFit`) is bad input, not a measurement; it leaves no record and the CLI reports it
+in one line with exit code 2, like a bad override.
+
+Memory (kvbench.memory): `memory.budget_gb` caps every GPU before the model loads and is checked
+against the weights once they are loaded; with `search.max_batch=true` the batch size comes from
+kvbench.search (`search.only=true` records the search and stops). The record carries the accounted
+peak and, on CUDA, `max_memory_allocated` per device (`peak_mem_bytes` = measured on CUDA,
+accounted on CPU). Loaded models are kept for the next run of the same process
 (Hydra's basic launcher runs a sweep's jobs in one process), keyed by the model config.
 """
 
@@ -23,9 +31,10 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 import kvbench
-from kvbench import engine, results
+from kvbench import engine, memory, results, search
 from kvbench.config import build_policy, build_task, config_hash, validate
 from kvbench.errors import OutOfMemory
+from kvbench.memory import is_oom
 from kvbench.models.base import LoadedModel, resolve_device
 
 log = logging.getLogger("kvbench")
@@ -54,8 +63,34 @@ def load_model(cfg: DictConfig) -> LoadedModel:
     return _models[key]
 
 
-def is_oom(e: BaseException) -> bool:
-    return isinstance(e, (OutOfMemory, torch.cuda.OutOfMemoryError)) or "out of memory" in str(e).lower()
+def load_within(cfg: DictConfig, budget: memory.Budget | None, lm: LoadedModel | None = None) -> LoadedModel:
+    """The model (loaded under the budget's CUDA cap unless given); ModelDoesNotFit if its weights exceed it."""
+    memory.apply_cuda_cap(budget)
+    if lm is None:
+        try:
+            lm = load_model(cfg)
+        except Exception as e:
+            if budget is None or not is_oom(e):
+                raise
+            raise memory.ModelDoesNotFit(
+                "memory.budget_gb", "the model alone does not fit: loading it ran out of memory", budget.gb
+            ) from None
+    if budget is not None:
+        budget.check_weights(lm.model)
+    return lm
+
+
+def memory_fields(lm: LoadedModel | None, acc: memory.Account | None) -> dict:
+    """Record fields: accounted peak, and measured peak (CUDA) or the accounted one (CPU), per device."""
+    accounted = acc.per_device() if acc is not None else {}
+    devices = memory.cuda_devices(lm.model) if lm is not None else []
+    measured = memory.measured_peaks(devices) if devices else accounted
+    return {
+        "peak_mem_bytes": sum(measured.values()) if measured else None,
+        "peak_mem_bytes_per_device": measured or None,
+        "accounted_mem_bytes": acc.total if acc is not None else None,
+        "accounted_mem_bytes_per_device": accounted or None,
+    }
 
 
 def new_record(cfg: DictConfig, policy, task) -> dict:
@@ -89,6 +124,9 @@ def new_record(cfg: DictConfig, policy, task) -> dict:
         "generated_tokens": None,
         "peak_kv_bytes": None,
         "peak_mem_bytes": None,
+        "peak_mem_bytes_per_device": None,
+        "accounted_mem_bytes": None,
+        "accounted_mem_bytes_per_device": None,
         "search": None,
         "extensions": [],
         "prompts": None,
@@ -113,7 +151,7 @@ def predictions(task, samples, ids, out: engine.GenerationOutput, lm: LoadedMode
     """Cut each generation at EOS and the task's stop strings, extract, score."""
     rows, scores = [], []
     eos = set(lm.eos_token_ids)
-    for s, p_ids, gen in zip(samples, ids, out.token_ids):
+    for s, p_ids, gen in zip(samples, ids, out.token_ids, strict=True):
         upto = next((i for i, t in enumerate(gen) if t in eos), len(gen))
         text = task.cut(lm.tokenizer.decode(gen[:upto], skip_special_tokens=True))
         score = task.score(task.extract(text), s.references)
@@ -133,20 +171,26 @@ def predictions(task, samples, ids, out: engine.GenerationOutput, lm: LoadedMode
     return rows, task.aggregate(scores)
 
 
-def execute(cfg: DictConfig, record: dict, lm: LoadedModel, policy, task, samples, ids) -> list[dict]:
+def execute(
+    cfg: DictConfig, record: dict, lm: LoadedModel, policy, task, samples, ids, batch_size: int,
+    budget: memory.Budget | None = None,
+) -> list[dict]:
     """Generate, score and fill `record`; returns the prediction rows."""
+    memory.reset_peaks(memory.cuda_devices(lm.model))
     out = engine.generate(
         lm.model,
         lm.tokenizer,
         ids,
         policy,
-        batch_size=cfg.batch_size,
+        batch_size=batch_size,
         max_new_tokens=cfg.gen.max_new_tokens,
         eos_token_ids=lm.eos_token_ids,
         ignore_eos=cfg.gen.ignore_eos,
         prefill_chunk=cfg.gen.prefill_chunk,
         score_chunk=cfg.gen.score_chunk,
         progress=True,
+        budget=budget,
+        warmup=cfg.gen.warmup,
     )
     rows, metrics = predictions(task, samples, ids, out, lm, cfg.output.save_prompt_ids)
     record.update(
@@ -158,11 +202,20 @@ def execute(cfg: DictConfig, record: dict, lm: LoadedModel, policy, task, sample
         wall_s=out.wall_s,
         generated_tokens=out.generated_tokens,
         peak_kv_bytes=out.peak_kv_bytes,
+        **memory_fields(lm, out.accounted),
     )
-    dev = lm.device
-    if dev.type == "cuda":
-        record["peak_mem_bytes"] = torch.cuda.max_memory_allocated(dev)
     return rows
+
+
+def find_batch_size(cfg: DictConfig, record: dict, lm: LoadedModel, policy, ids, budget) -> int:
+    """search.max_batch: record the search, return the batch size it found (OutOfMemory if none fits)."""
+    result = search.max_batch(cfg, lm, policy, ids, budget)
+    record.update(search=result.to_record(), batch_size=result.max_batch_size)
+    if result.max_batch_size is None:
+        raise OutOfMemory(f"search: not even batch size {result.first_oom_batch_size} fits")
+    best = next(t for t in result.trials if t.batch_size == result.max_batch_size)  # a search.only record's peak;
+    record.update(peak_mem_bytes=best.peak_mem_bytes, accounted_mem_bytes=best.accounted_mem_bytes)  # a run's replaces it
+    return result.max_batch_size
 
 
 def run(cfg: DictConfig, lm: LoadedModel | None = None) -> dict:
@@ -176,10 +229,12 @@ def run(cfg: DictConfig, lm: LoadedModel | None = None) -> dict:
             log.info("skip: %s already recorded as %s (%s)", record["config_hash"], done["status"], done["run_id"])
             return done
     record["extensions"] = policy.describe()["extensions"]
+    budget = memory.budget_of(cfg)
     rows: list[dict] = []
+    recorded = True
     try:
         torch.manual_seed(cfg.seed)
-        lm = lm or load_model(cfg)
+        lm = load_within(cfg, budget, lm)
         if lm.model.config.num_attention_heads != getattr(lm.model.config, "num_key_value_heads", None) and (
             policy.needs_attention
         ):
@@ -190,11 +245,22 @@ def run(cfg: DictConfig, lm: LoadedModel | None = None) -> dict:
         if cfg.mode == "prompt_report":
             record["status"] = "ok"
         else:
-            rows = execute(cfg, record, lm, policy, task, samples, ids)
+            batch_size = cfg.batch_size
+            if cfg.search.max_batch:
+                batch_size = find_batch_size(cfg, record, lm, policy, ids, budget)
+            if cfg.search.max_batch and cfg.search.only:
+                record["status"] = "ok"
+            else:
+                rows = execute(cfg, record, lm, policy, task, samples, ids, batch_size, budget)
+    except memory.ModelDoesNotFit:  # bad input, not a measurement: no record
+        recorded = False
+        raise
     except Exception as e:  # recorded, never lost; the caller decides whether to re-raise
         record["status"] = "oom" if is_oom(e) else "error"
         record["error"] = f"{type(e).__name__}: {e}"
         record["traceback"] = traceback.format_exc(limit=20)
+        if record["status"] == "oom":  # the figure that did not fit: accounted (CPU) or measured (CUDA)
+            record.update(memory_fields(lm, getattr(e, "account", None)))
         log.error("run %s ended with %s: %s", record["run_id"], record["status"], record["error"])
     except BaseException:  # interrupted: still leave a record, then stop
         record["error"] = "interrupted"
@@ -204,7 +270,10 @@ def run(cfg: DictConfig, lm: LoadedModel | None = None) -> dict:
             path = Path(cfg.results_dir) / "predictions" / f"{record['run_id']}.jsonl"
             results.write_jsonl(path, rows)
             record["predictions_path"] = str(path)
-        results.append_record(cfg.results_dir, record)
+        if recorded:
+            results.append_record(cfg.results_dir, record)
+    if record["status"] == "oom":
+        memory.release()  # the next run of a sweep starts from the memory this one found
     try:
         instantiate(cfg.logger).log_run(record, rows, record["config"])
     except Exception as e:  # a tracker failure never fails a run

@@ -1,0 +1,335 @@
+"""Memory budgets: the accounted peak of a batch, the CPU budget it is checked against, the CUDA cap.
+
+`memory.budget_gb` (GiB, 2**30 bytes, per device) is a real cap on CUDA
+(`torch.cuda.set_per_process_memory_fraction`: an out-of-memory is the allocator's own) and an
+*accounted* budget on CPU: before a batch runs, `account` computes its peak and a batch over budget
+raises `BudgetExceeded` (an `OutOfMemory`: the run is an "oom") before anything is allocated. On
+CUDA the same figure is recorded next to `torch.cuda.max_memory_allocated`, so the model can be
+checked against reality.
+
+The account, per device, for a batch of B samples (e = bytes of the model dtype; h hidden size,
+I MLP width, V vocabulary, Hq / H query / KV heads, D head dim, L layers on the device):
+
+    peak = weights + KV cache + the largest transient
+    weights     parameters and buffers as loaded (exact)
+    KV cache    the preallocated cache, exact: `KVCache.nbytes_for` (K, V, positions, statistics)
+    transient   the largest of
+      forward of T tokens over N keys (every forward of the batch, replayed on counts, EOS ignored):
+          4·B·T·h·e hidden states (embeddings output, layer input, residual, normed input)
+        + 2·B·T·D·e RoPE cos/sin + B·T·N mask (bool) + B·(s + 4·T)·8 token ids and positions
+        + the largest of: MLP 3·B·T·I·e (4 with Phi-3's fused gate_up);
+                          RoPE 4·B·T·Hq·D·e (+ Phi-3's fused qkv output in every attention phase);
+                          SDPA 2·B·T·Hq·D·e + B·T·N·e (mask as float) + kernel workspace (CPU: the
+                          flash kernel's per-thread blocks; CUDA: the logsumexp B·Hq·T·4);
+                          scores (scored policies) 2·B·T·Hq·D·e + B·Hq·t·(N·a + D·e) + O(B·H·N),
+                          a = max(4, e), t = min(T, 2·score_chunk) (a chunk's scores are computed
+                          while the previous chunk's are alive);
+                          logits B·V·e + B·T·h·e (logits_to_keep=1)
+      eviction of b of the B rows over N pairs: L·b·H·N·21 bytes (scores, sort values and int64
+          indices, masks) + the K/V gather of `gather_layers` layers at a time: b = B gathers the
+          kept pairs, gather_layers·B·H·keep·D·e; b < B first copies its rows out,
+          gather_layers·b·H·(N + keep)·D·e + L·b·H·N·(4 + 8 if scored)
+      decode_only resize: the kv_size-slot cache, built while the prompt-sized one is alive
+Each device of a `device_map` split is charged the whole transient (an upper bound). Not counted:
+Python objects, allocator fragmentation and caching, the CUDA context.
+The terms follow the code paths kvbench runs (transformers' Llama / Phi-3 layers, kvbench's
+attention and cache); tests/test_memory.py checks the account against the tensor bytes actually
+allocated on CPU.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass
+
+import torch
+
+from kvbench.cache import KVCache
+from kvbench.errors import ConfigError, OutOfMemory
+from kvbench.schedule import prefill_plan, rows_to_evict
+
+GiB = 2**30
+HIDDEN_BUFFERS = 4  # (B, T, h) tensors alive through a decoder layer
+ID_BUFFERS = 4  # (B, T) int64 tensors of a forward's bookkeeping
+ROPE_BUFFERS = 4  # query-sized tensors alive while RoPE rotates the queries
+EVICT_BYTES = 21  # per (layer, sample, head, pair) in an eviction: score 4, sort values 4 + indices 8, masks
+GATHER_LAYERS = KVCache.__init__.__kwdefaults__["gather_layers"]  # the engine builds caches with the default
+
+
+# --------------------------------------------------------------------------------------------- account
+@dataclass(frozen=True)
+class ModelShape:
+    """The model numbers the account needs."""
+
+    hidden: int
+    intermediate: int
+    vocab: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    mlp_buffers: int  # (B, T, I) tensors alive in the MLP
+    fused_qkv: bool  # Phi-3: q, k, v are views of one projection, alive through the attention
+    weights: dict[str, int]  # bytes per device
+    layers: dict[str, int]  # decoder layers per device
+
+    @property
+    def elem(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    @classmethod
+    def of(cls, model) -> ModelShape:
+        cfg = model.config
+        decoder_layers = model.get_decoder().layers
+        weights: dict[str, int] = {}
+        for t in [*model.parameters(), *model.buffers()]:  # tied weights are yielded once
+            weights[str(t.device)] = weights.get(str(t.device), 0) + t.numel() * t.element_size()
+        layers: dict[str, int] = {}
+        for layer in decoder_layers:
+            d = str(next(layer.parameters()).device)
+            layers[d] = layers.get(d, 0) + 1
+        return cls(
+            hidden=cfg.hidden_size,
+            intermediate=cfg.intermediate_size,
+            vocab=cfg.vocab_size,
+            q_heads=cfg.num_attention_heads,
+            kv_heads=getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads,
+            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+            dtype=model.dtype,
+            mlp_buffers=4 if hasattr(decoder_layers[0].mlp, "gate_up_proj") else 3,
+            fused_qkv=hasattr(decoder_layers[0].self_attn, "qkv_proj"),
+            weights=weights,
+            layers=layers,
+        )
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Accounted peak bytes of one batch on one device."""
+
+    weights: int
+    kv_cache: int
+    transient: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.transient
+
+
+@dataclass(frozen=True)
+class Account:
+    """Accounted peak of one batch, per device (keys like "cpu", "cuda:0")."""
+
+    devices: dict[str, Footprint]
+
+    @property
+    def total(self) -> int:
+        return sum(f.total for f in self.devices.values())
+
+    def per_device(self) -> dict[str, int]:
+        return {d: f.total for d, f in self.devices.items()}
+
+    def describe(self, device: str) -> str:
+        f = self.devices[device]
+        return (
+            f"{f.total / GiB:.3f} GiB (weights {f.weights / GiB:.3f} + KV cache {f.kv_cache / GiB:.3f}"
+            f" + transient {f.transient / GiB:.3f})"
+        )
+
+
+def _cpu_sdpa_workspace(T: int, N: int, D: int, e: int) -> int:
+    """Per-thread blocks of PyTorch's CPU flash-attention kernel (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp)."""
+    q_split = min(T, 256 if T >= 768 else 64 if T >= 192 else 32)
+    kv_split = min(N, 512)
+    accum = q_split * kv_split + 2 * q_split + q_split * D  # float32 scores, max, sum, output accumulator
+    reduced = q_split * kv_split * e if e < 4 else 0  # half types keep a copy of the scores
+    return torch.get_num_threads() * (accum * 4 + reduced)
+
+
+def _forward_bytes(
+    s: ModelShape, B: int, T: int, N: int, longest: int, scored: bool, logits: bool, chunk: int, cpu: bool
+) -> int:
+    """Transient bytes of one forward over a (B, T) chunk that attends to N keys."""
+    e, h, D, Hq = s.elem, s.hidden, s.head_dim, s.q_heads
+    q = B * T * Hq * D * e  # one query-sized tensor
+    ids = B * (longest + ID_BUFFERS * T) * 8  # the padded prompts, the chunk's ids, slots, positions
+    base = ids + HIDDEN_BUFFERS * B * T * h * e + 2 * B * T * D * e + B * T * N
+    workspace = _cpu_sdpa_workspace(T, N, D, e) if cpu else B * Hq * T * 4  # CUDA: the logsumexp
+    qkv = B * T * (Hq + 2 * s.kv_heads) * D * e if s.fused_qkv else 0
+    phases = [
+        s.mlp_buffers * B * T * s.intermediate * e,
+        qkv + ROPE_BUFFERS * q,
+        qkv + 2 * q + B * T * N * e + workspace,
+    ]
+    if scored:  # kvbench.attention.attention_stats: one in-place score buffer per chunk of queries
+        a = max(4, e)
+        alive = min(T, 2 * chunk)  # queries whose scores are alive: a chunk's, while the last one's still are
+        scores = B * Hq * alive * (N * a + D * e) + B * min(T, chunk) * N + 3 * B * s.kv_heads * N * a
+        phases.append(qkv + 2 * q + scores)
+    if logits:
+        phases.append(B * s.vocab * e + B * T * h * e)
+    return base + max(phases)
+
+
+def _evict_bytes(s: ModelShape, L: int, B: int, N: int, rows: int, keep: int, scored: bool) -> int:
+    """Transient bytes of one eviction of `rows` of the B samples, L layers, from N pairs down to `keep`."""
+    if rows == B:  # every row: the statistics are sliced in place and K/V gather only the kept pairs
+        copies, gathered = 0, B * keep
+    else:  # a subset: its positions (+ statistics) and its N pairs are copied out first
+        copies, gathered = 4 + (8 if scored else 0), rows * (N + keep)
+    gather = min(GATHER_LAYERS, L) * s.kv_heads * gathered * s.head_dim * s.elem  # gather_layers at a time
+    return L * rows * s.kv_heads * N * (EVICT_BYTES + copies) + gather
+
+
+def _cache_bytes(s: ModelShape, B: int, L: int, slots: int, scored: bool) -> int:
+    return KVCache.nbytes_for(
+        batch_size=B, num_layers=L, num_kv_heads=s.kv_heads, head_dim=s.head_dim, capacity=slots, dtype=s.dtype,
+        track_attention=scored,
+    )
+
+
+def _walk(lengths: list[int], policy, max_new_tokens: int, prefill_chunk: int | None):
+    """Replay the engine's schedule on counts only (EOS ignored: the worst case).
+
+    Returns the forwards {(width T, keys N, makes logits)} and the evictions {(keys N, rows)}.
+    """
+    B = len(lengths)
+    plan = prefill_plan(lengths, policy, prefill_chunk)
+    one = torch.ones(B, dtype=torch.long)
+    steps = [(r, True, k == len(plan) - 1) for k, r in enumerate(plan)] + [(one, False, True)] * (max_new_tokens - 1)
+    n = torch.zeros(B, dtype=torch.long)  # pairs held per sample
+    forwards, evictions = set(), set()
+    for r, prefill, logits in steps:
+        rows = rows_to_evict(n, r, policy, prefill)
+        if rows is not None:
+            evictions.add((int(n[rows].max()), int(rows.sum())))
+            n = torch.where(rows, policy.keep_after_evict, n)
+        n = n + r
+        forwards.add((int(r.max()), int(n.max()), logits))
+    return forwards, evictions
+
+
+def account(
+    model_or_shape,
+    lengths: list[int],
+    policy,
+    *,
+    max_new_tokens: int,
+    prefill_chunk: int | None = None,
+    score_chunk: int = 64,
+) -> Account:
+    """The accounted peak of one batch of prompts with these token `lengths` (module docstring)."""
+    s = model_or_shape if isinstance(model_or_shape, ModelShape) else ModelShape.of(model_or_shape)
+    B, longest = len(lengths), max(lengths)
+    capacity = policy.capacity(longest, max_new_tokens)
+    scored = policy.needs_attention
+    keep = policy.keep_after_evict if policy.evicts else 0
+    forwards, evictions = _walk(lengths, policy, max_new_tokens, prefill_chunk)
+    devices = {}
+    for dev, L in s.layers.items():
+        transients = [
+            _forward_bytes(s, B, T, N, longest, scored, logits, score_chunk, dev == "cpu") for T, N, logits in forwards
+        ]
+        transients += [_evict_bytes(s, L, B, N, rows, keep, scored) for N, rows in evictions]
+        if evictions and capacity > policy.kv_size:  # decode_only: the kv_size-slot copy of a resize
+            transients.append(_cache_bytes(s, B, L, policy.kv_size, scored))
+        kv = _cache_bytes(s, B, L, capacity, scored)
+        devices[dev] = Footprint(weights=s.weights.get(dev, 0), kv_cache=kv, transient=max(transients))
+    for dev, w in s.weights.items():  # devices with weights but no decoder layer (e.g. the lm_head's)
+        devices.setdefault(dev, Footprint(weights=w, kv_cache=0, transient=0))
+    return Account(devices)
+
+
+# --------------------------------------------------------------------------------------------- budget
+class BudgetExceeded(OutOfMemory):
+    """A batch's accounted peak is over the CPU budget (raised before anything is allocated)."""
+
+    def __init__(self, message: str, account: Account):
+        super().__init__(message)
+        self.account = account
+
+
+class ModelDoesNotFit(ConfigError):
+    """memory.budget_gb is below the model's own weights: bad input, not a measurement."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """memory.budget_gb of a run, in bytes per device."""
+
+    gb: float
+
+    @property
+    def bytes(self) -> int:
+        return int(self.gb * GiB)
+
+    def admit(self, acc: Account) -> None:
+        """Raise BudgetExceeded if a CPU device's accounted peak is over budget (CUDA is capped for real)."""
+        for dev, f in acc.devices.items():
+            if dev == "cpu" and f.total > self.bytes:
+                raise BudgetExceeded(
+                    f"accounted peak {acc.describe(dev)} exceeds memory.budget_gb={self.gb:g} on {dev}", acc
+                )
+
+    def check_weights(self, model) -> None:
+        """Raise ModelDoesNotFit when the weights alone are over budget on some device."""
+        for dev, w in ModelShape.of(model).weights.items():
+            if w > self.bytes:
+                raise ModelDoesNotFit(
+                    "memory.budget_gb",
+                    f"the model alone does not fit: its weights take {w / GiB:.3f} GiB on {dev}",
+                    self.gb,
+                )
+
+
+def budget_of(cfg) -> Budget | None:
+    return None if cfg.memory.budget_gb is None else Budget(float(cfg.memory.budget_gb))
+
+
+def apply_cuda_cap(budget: Budget | None) -> None:
+    """Cap every visible GPU at the budget (fraction of its memory), or lift the cap. Not verified here (no GPU)."""
+    for i in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
+        total = torch.cuda.get_device_properties(i).total_memory
+        torch.cuda.set_per_process_memory_fraction(1.0 if budget is None else min(1.0, budget.bytes / total), i)
+
+
+# --------------------------------------------------------------------------------------------- measurement
+def is_oom(e: BaseException) -> bool:
+    """A real or accounted out-of-memory (CUDA allocator, CPU allocator, kvbench's account)."""
+    text = str(e).lower()
+    return isinstance(e, (OutOfMemory, torch.cuda.OutOfMemoryError)) or "out of memory" in text or (
+        "can't allocate memory" in text
+    )
+
+
+def cuda_devices(model) -> list[torch.device]:
+    return sorted({p.device for p in model.parameters() if p.device.type == "cuda"}, key=str)
+
+
+def reset_peaks(devices: list[torch.device]) -> None:
+    for d in devices:
+        torch.cuda.reset_peak_memory_stats(d)
+
+
+def measured_peaks(devices: list[torch.device]) -> dict[str, int]:
+    """torch.cuda.max_memory_allocated per device since the last `reset_peaks`."""
+    return {str(d): torch.cuda.max_memory_allocated(d) for d in devices}
+
+
+def release() -> None:
+    """Free what no longer has a reference: Python cycles (gc), then the CUDA allocator's cache."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def memory_level(devices: list[torch.device]) -> int:
+    """Bytes a finished trial must have given back: allocated CUDA memory, or on CPU the live KV caches.
+
+    On CPU the accounted budget refuses a batch before its cache exists, so the caches (the only
+    large allocation that outlives a forward) are what an interrupted trial could leave behind.
+    """
+    release()
+    if devices:
+        return sum(torch.cuda.memory_allocated(d) for d in devices)
+    return sum(o.allocated_bytes() for o in gc.get_objects() if issubclass(type(o), KVCache))

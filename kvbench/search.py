@@ -1,0 +1,116 @@
+"""search.max_batch=true: the largest batch size that fits the memory budget, found by real probes.
+
+Doubling over the sorted candidates (the next candidate at least twice the last one that fit), then
+bisection between the last candidate that fit and the first that did not; fitting is assumed
+monotone in the batch size. Each trial is a real probe of the worst case: the b longest prompts of
+the sample set (cycled when b exceeds it), the cache allocated for the full generation length, the
+prefill and `search.decode_steps` decode steps, under the run's budget (accounted on CPU, the real
+cap on CUDA). Before every trial memory is released (gc, empty_cache) and its level taken; after an
+out-of-memory trial the level must be back where it was, and a difference is logged and kept in the
+trial as `leaked_bytes`. The result is the paper's pair: the largest batch that fits and the first
+that does not (b0).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from kvbench import engine, memory
+from kvbench.config import search_candidates
+
+log = logging.getLogger("kvbench")
+
+
+@dataclass
+class Trial:
+    batch_size: int
+    status: str  # "ok" | "oom"
+    peak_mem_bytes: int  # measured on CUDA (max_memory_allocated, all devices), accounted on CPU
+    accounted_mem_bytes: int
+    leaked_bytes: int = 0  # memory not given back after an oom trial (should stay 0)
+
+
+@dataclass
+class SearchResult:
+    max_batch_size: int | None  # None: not even the smallest candidate fits
+    first_oom_batch_size: int | None  # None: every candidate up to the largest fits
+    trials: list[Trial] = field(default_factory=list)
+
+    def to_record(self) -> dict:
+        return asdict(self)
+
+
+def search(candidates: list[int], trial: Callable[[int], Trial]) -> SearchResult:
+    """Doubling then bisection over sorted `candidates`; `trial(b)` probes batch size b."""
+    trials: list[Trial] = []
+
+    def fits(i: int) -> bool:
+        trials.append(trial(candidates[i]))
+        return trials[-1].status == "ok"
+
+    lo, hi, i = -1, None, 0  # indices: the largest that fit, the smallest that did not
+    while True:
+        if not fits(i):
+            hi = i
+            break
+        lo = i
+        if i == len(candidates) - 1:
+            break
+        i = min(bisect.bisect_left(candidates, 2 * candidates[i], lo=i + 1), len(candidates) - 1)
+    while hi is not None and hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return SearchResult(
+        max_batch_size=candidates[lo] if lo >= 0 else None,
+        first_oom_batch_size=candidates[hi] if hi is not None else None,
+        trials=trials,
+    )
+
+
+def probe_prompts(ids: list[list[int]], batch_size: int) -> list[list[int]]:
+    """The worst case batch: the `batch_size` longest prompts, cycled when there are fewer."""
+    longest = sorted(ids, key=len, reverse=True)
+    return [longest[i % len(longest)] for i in range(batch_size)]
+
+
+def probe(cfg, lm, policy, ids: list[list[int]], batch_size: int, budget: memory.Budget | None) -> Trial:
+    """One trial: prefill + `search.decode_steps` decode steps of the worst-case batch."""
+    prompts = probe_prompts(ids, batch_size)
+    acc = memory.account(
+        lm.model, [len(x) for x in prompts], policy, max_new_tokens=cfg.gen.max_new_tokens,
+        prefill_chunk=cfg.gen.prefill_chunk, score_chunk=cfg.gen.score_chunk,
+    )
+    devices = memory.cuda_devices(lm.model)
+    before = memory.memory_level(devices)
+    memory.reset_peaks(devices)
+    status = "ok"
+    try:
+        engine.generate(
+            lm.model, lm.tokenizer, prompts, policy, batch_size,
+            max_new_tokens=cfg.gen.max_new_tokens, eos_token_ids=lm.eos_token_ids, ignore_eos=True,
+            prefill_chunk=cfg.gen.prefill_chunk, score_chunk=cfg.gen.score_chunk, budget=budget,
+            decode_steps=cfg.search.decode_steps,
+        )
+    except Exception as e:
+        if not memory.is_oom(e):
+            raise
+        status = "oom"  # leaving this block drops the traceback, and with it the trial's tensors
+    peak = sum(memory.measured_peaks(devices).values()) if devices else acc.total
+    trial = Trial(batch_size=batch_size, status=status, peak_mem_bytes=peak, accounted_mem_bytes=acc.total)
+    if status == "oom":
+        trial.leaked_bytes = memory.memory_level(devices) - before
+        if trial.leaked_bytes:
+            log.warning("search: the oom trial at b=%d left %d bytes behind", batch_size, trial.leaked_bytes)
+    log.info("search: b=%d %s (peak %.3f GiB)", batch_size, status, peak / memory.GiB)
+    return trial
+
+
+def max_batch(cfg, lm, policy, ids: list[list[int]], budget: memory.Budget | None) -> SearchResult:
+    """Search `search.candidates` (capped by `search.max`) for the largest batch size that fits."""
+    return search(search_candidates(cfg), lambda b: probe(cfg, lm, policy, ids, b, budget))
