@@ -52,6 +52,8 @@ def _message(e: BaseException) -> str:
         return str(e)
     if isinstance(e, MissingConfigException) and e.missing_cfg_file:
         group, _, option = str(e.missing_cfg_file).rpartition("/")
+        if group == "hydra/launcher" and option.startswith("submitit_"):  # hydra/launcher=slurm extends it
+            return "hydra/launcher: SLURM needs the hydra-submitit-launcher plugin (pip install 'kvbench[slurm]')"
         opts = ", ".join(sorted(o for o in (e.options or []) if o != "__init__"))
         if group:
             return f"{group}={option}: unknown option of '{group}'" + (f" (available: {opts})" if opts else "")
@@ -72,7 +74,7 @@ def preflight(argv: list[str]) -> None:
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from kvbench.config import CONF_DIR, search_candidates, validate
+    from kvbench.config import CONF_DIR, validate
 
     overrides, multirun, config_name, runs = split_argv(argv)
     if any(a in HELP_FLAGS for a in argv):
@@ -87,14 +89,13 @@ def preflight(argv: list[str]) -> None:
         for job in jobs:
             cfg = compose(config_name=config_name, overrides=list(job))
             if runs:
-                validate(cfg)
                 if cfg.search.max_batch and any(o.split("=", 1)[0].lstrip("+~") == "batch_size" for o in job):
                     from kvbench.errors import ConfigError
 
                     raise ConfigError(
                         "batch_size", "conflicts with search.max_batch=true (the search picks the batch size)"
                     )
-                search_candidates(cfg)
+                validate(cfg)
 
 
 def _hydra_entry() -> None:
@@ -106,13 +107,23 @@ def _hydra_entry() -> None:
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
     def app(cfg) -> None:
+        from kvbench.errors import ConfigError
         from kvbench.runner import run
 
-        record = run(cfg)
+        if cfg.skip_existing is None:  # a re-run sweep resumes: runs already recorded ok/oom are skipped
+            cfg.skip_existing = HydraConfig.get().mode == RunMode.MULTIRUN
+        try:
+            record = run(cfg)
+        except ConfigError as e:  # bad input found only once the model is loaded (a budget below its weights)
+            print(f"kvbench: error: {e}", file=sys.stderr)
+            sys.exit(2)
         summary = {
             k: record.get(k)
-            for k in ("status", "policy", "kv_size", "batch_size", "metrics", "throughput_tok_s", "peak_kv_bytes")
+            for k in ("status", "policy", "kv_size", "batch_size", "metrics", "throughput_tok_s", "peak_kv_bytes",
+                      "peak_mem_bytes")
         }
+        if record.get("search"):
+            summary["search"] = {k: v for k, v in record["search"].items() if k != "trials"}
         print("kvbench:", json.dumps(summary, default=str), flush=True)
         if record["status"] == "error" and HydraConfig.get().mode != RunMode.MULTIRUN:
             print(f"kvbench: run failed: {record['error']}", file=sys.stderr)

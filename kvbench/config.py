@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ class DataConfig:
 
 @dataclass
 class MemoryConfig:
-    budget_gb: float | None = None  # CUDA: a real cap per device; CPU: an accounted budget
+    budget_gb: float | None = None  # GiB per device. CUDA: a real cap; CPU: an accounted budget (kvbench.memory)
 
 
 @dataclass
@@ -64,6 +65,16 @@ class OutputConfig:
 
 
 @dataclass
+class ReproduceConfig:
+    """The paper's protocol (method.md steps 4-5), read by the protocol driver; no single run uses it."""
+
+    ed_kv_size: int = 2  # ED's |kv|: the decoding-only throughput bound and its first OOM batch b0
+    kv_sizes: list[int] = field(default_factory=lambda: list(range(128, 3584 + 1, 128)))  # BM's coarse grid
+    refine_step: int = 64  # then the kv sizes +-refine_step around the best coarse one
+    near_fkv: float = 0.96  # pick (b): best throughput at accuracy >= near_fkv * FKV's ("near FKV")
+
+
+@dataclass
 class RootConfig:
     model: Any = MISSING
     task: Any = MISSING
@@ -77,15 +88,16 @@ class RootConfig:
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    reproduce: ReproduceConfig = field(default_factory=ReproduceConfig)
     results_dir: str = "results"
-    skip_existing: bool = False
+    skip_existing: bool | None = None  # null: true in a sweep (-m) and the driver, false for one run
     seed: int = 0
     device: str = "auto"
 
 
 MODES = ("run", "prompt_report")
 # keys that do not change what a run computes: left out of its identity hash
-NON_IDENTITY = ("results_dir", "logger", "skip_existing", "output", "experiment_name")
+NON_IDENTITY = ("results_dir", "logger", "skip_existing", "output", "experiment_name", "reproduce")
 
 
 def register_schema() -> None:
@@ -139,14 +151,17 @@ def validate(cfg: DictConfig) -> None:
     if cfg.data.dir not in (None, "") and not Path(cfg.data.dir).is_dir():
         raise ConfigError("data.dir", "does not exist or is not a directory", cfg.data.dir)
     b = cfg.memory.budget_gb
-    if b is not None and not b > 0:
-        raise ConfigError("memory.budget_gb", "must be a positive number of GB", b)
+    if b is not None and not (b > 0 and math.isfinite(b)):
+        raise ConfigError("memory.budget_gb", "must be a positive, finite number of GB (GiB)", b)
     if cfg.search.decode_steps <= 0:
         raise ConfigError("search.decode_steps", "must be a positive integer", cfg.search.decode_steps)
+    if cfg.search.only and not cfg.search.max_batch:
+        raise ConfigError("search.only", "needs search.max_batch=true (there is no search to stop after)", True)
     search_candidates(cfg)
     from kvbench.models.base import resolve_device
 
-    resolve_device(cfg.device)
+    if resolve_device(cfg.device).type == "cpu" and cfg.search.max_batch and b is None:
+        raise ConfigError("memory.budget_gb", "search.max_batch=true on CPU needs an accounted budget (GiB)", b)
     for key in ("policy", "task"):
         try:
             (build_policy if key == "policy" else build_task)(cfg)

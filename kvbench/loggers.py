@@ -1,4 +1,8 @@
-"""Experiment trackers a run reports to (`logger=` group). The runner never fails because of one."""
+"""Experiment trackers a run reports to (`logger=` group). The runner never fails because of one.
+
+A logger has one method, `log_run(record, predictions, config)`, called once the run's record is on
+disk. logger=none is below; logger=wandb is kvbench.wandb_logger.WandbLogger.
+"""
 
 from __future__ import annotations
 

@@ -1,0 +1,368 @@
+"""`kvbench-report RESULTS_DIR`: the paper's tables, a CSV of every run and plots, from runs.jsonl.
+
+Writes into RESULTS_DIR (or `--out`):
+- `tables.md`: per model, task, sample count and generation length, the paper's layout (Method, b,
+  kv, metric, tokens/s). The summary picks ED's and FKV's fastest runs and, for every other method,
+  the fastest run at FKV's metric or above ("BM >= FKV") and at `--near-fkv` of it ("BM >= 96% FKV",
+  the paper's second Batch-Max row); "All runs" lists every configuration. A known out-of-memory
+  batch is a row "(b=5 OOM)" after the largest run of the same method and kv, as in the paper.
+- `runs.csv`: every record of runs.jsonl (errors and repeats included), flattened.
+- `plots/*.png`: per table, the metric vs throughput (one point per run, the FKV level as a line),
+  the largest batch size the search found per method and kv, and peak memory vs batch size.
+
+Only the latest record of a configuration (its `config_hash`) that ended ok or oom counts. The
+metric column is ROUGE-2 when a run has it, else accuracy. Method names: ED extreme decoding-only,
+FKV full cache, BM Batch-Max; "(P&D)" / "(D)" marks a policy run under the schedule it does not
+default to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from kvbench.config import CONF_DIR, ReproduceConfig
+from kvbench.results import read_records
+
+METHODS = {"extreme_decode": "ED", "full": "FKV", "batch_max": "BM", "window": "Window", "h2o": "H2O", "tova": "TOVA"}
+SCHEDULES = {"prefill_and_decode": "P&D", "decode_only": "D"}
+METRICS = {"rouge2": "ROUGE-2", "accuracy": "accuracy"}  # the paper's columns, in order of preference
+CSV_FIELDS = (
+    "run_id", "config_hash", "started_at", "status", "experiment", "model", "task", "policy", "kv_size",
+    "evict_every", "schedule", "batch_size", "n_samples", "max_new_tokens", "seed", "device",
+    "throughput_tok_s", "prefill_s", "decode_s", "wall_s", "generated_tokens", "peak_kv_bytes", "peak_mem_bytes",
+)
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class Row:
+    method: str
+    b: int
+    kv: int | None
+    metric: float | None = None
+    tok_s: float | None = None
+    oom: bool = False
+
+    def cells(self) -> list[str]:
+        kv = "-" if self.kv is None else str(self.kv)
+        if self.oom:
+            return [self.method, f"(b={self.b} OOM)", kv, "-", "-"]
+        return [self.method, str(self.b), kv, f"{self.metric:.3f}", f"{self.tok_s:.1f}"]
+
+
+def default_schedules() -> dict[str, str]:
+    """Policy name -> the schedule its conf/policy file runs it under."""
+    return {p.stem: OmegaConf.load(p).get("schedule") for p in sorted((CONF_DIR / "policy").glob("*.yaml"))}
+
+
+def method_of(rec: dict, defaults: dict[str, str]) -> str:
+    name = rec["policy"]
+    label = METHODS.get(name, name)
+    schedule = rec.get("schedule")
+    if name not in ("full", "extreme_decode") and schedule and schedule != defaults.get(name, schedule):
+        label += f" ({SCHEDULES.get(schedule, schedule)})"
+    return label
+
+
+def metric_key(records: list[dict]) -> str | None:
+    keys = {k for r in records for k in (r.get("metrics") or {})}
+    return next((k for k in METRICS if k in keys), min(keys) if keys else None)
+
+
+def latest(records: list[dict]) -> list[dict]:
+    """The last ok/oom record of each configuration, in file order."""
+    by_hash: dict[str, dict] = {}
+    for i, r in enumerate(records):
+        if r.get("status") in ("ok", "oom"):
+            by_hash[r.get("config_hash") or f"#{i}"] = r
+    return list(by_hash.values())
+
+
+def group_key(rec: dict) -> tuple:
+    return (str(rec.get("model")), str(rec.get("task")), rec.get("n_samples") or 0, rec.get("max_new_tokens") or 0)
+
+
+@dataclass
+class Table:
+    """One model x task x samples x generation length: its runs, OOM batches and picks."""
+
+    key: tuple
+    metric: str | None
+    runs: list[Row]
+    ooms: list[Row]
+    records: list[tuple[str, dict]]  # (method, record)
+    near_fkv: float
+
+    @property
+    def title(self) -> str:
+        model, task, n, new = self.key
+        return f"{model} · {task} · {n} samples · {new} new tokens"
+
+    @property
+    def slug(self) -> str:
+        model, task, n, new = self.key
+        return f"{model}_{task}_n{n}_new{new}".replace("/", "-")
+
+    @property
+    def metric_name(self) -> str:
+        return METRICS.get(self.metric, self.metric or "metric")
+
+    def fastest(self, rows: list[Row]) -> Row | None:
+        return max(rows, key=lambda r: (r.tok_s, -r.b)) if rows else None
+
+    @property
+    def fkv(self) -> Row | None:
+        return self.fastest([r for r in self.runs if r.method == "FKV"])
+
+    def first_oom(self, row: Row) -> Row | None:
+        """The smallest known OOM batch above `row` for the same method and kv."""
+        above = [o for o in self.ooms if o.method == row.method and o.kv == row.kv and o.b > row.b]
+        return min(above, key=lambda o: o.b) if above else None
+
+    def summary(self) -> list[tuple[str, Row]]:
+        """(label, row) in the paper's order: ED, FKV, then each other method's picks."""
+        out = []
+        for m in ("ED", "FKV"):
+            best = self.fastest([r for r in self.runs if r.method == m])
+            if best:
+                out.append((m, best))
+        fkv = self.fkv
+        if fkv is None:
+            return out
+        for m in sorted({r.method for r in self.runs} - {"ED", "FKV"}, key=method_rank):
+            rows = [r for r in self.runs if r.method == m]
+            at_fkv = self.fastest([r for r in rows if r.metric >= fkv.metric])
+            near = self.fastest([r for r in rows if r.metric >= self.near_fkv * fkv.metric])
+            if at_fkv:
+                out.append((f"{m} ≥ FKV", at_fkv))
+            if near and near != at_fkv:
+                out.append((f"{m} ≥ {self.near_fkv:.0%} FKV", near))
+        return out
+
+    def markdown(self, plots: list[str]) -> str:
+        """The table's section of tables.md; `plots`: the kinds of PLOTS drawn for it."""
+        head = f"| Method | b | kv | {self.metric_name} | tokens/s |\n|---|---:|---:|---:|---:|"
+        lines = [f"## {self.title}", ""]
+        summary = self.summary()
+        if summary:
+            lines += [head]
+            for label, row in summary:
+                lines.append(line([label, *row.cells()[1:]]))
+                oom = self.first_oom(row)
+                if oom:
+                    lines.append(line([label, *oom.cells()[1:]]))
+            fkv = self.fkv
+            if fkv:
+                lines += ["", f"FKV level: {fkv.metric:.3f}; {self.near_fkv:.0%} of it: {self.near_fkv * fkv.metric:.3f}."]
+            lines.append("")
+        lines += ["All runs:", "", head]
+        lines += [line(r.cells()) for r in sorted(self.runs + self.ooms, key=order)]
+        lines.append("")
+        lines += [f"![{PLOTS[kind][1]}](plots/{self.slug}_{PLOTS[kind][0]})" for kind in plots]
+        return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def line(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def method_rank(method: str) -> tuple:
+    """The paper's order (ED, FKV, BM), then the other methods by name."""
+    fixed = ("ED", "FKV", "BM")
+    return (fixed.index(method) if method in fixed else len(fixed), method)
+
+
+def order(r: Row) -> tuple:
+    return (method_rank(r.method), r.kv or 0, r.b, r.oom)
+
+
+def tables(records: list[dict], near_fkv: float) -> list[Table]:
+    defaults = default_schedules()
+    groups: dict[tuple, list[dict]] = {}
+    for r in latest(records):
+        groups.setdefault(group_key(r), []).append(r)
+    out = []
+    for key in sorted(groups):
+        recs = groups[key]
+        metric = metric_key(recs)
+        runs, ooms, labelled = [], set(), []
+        for r in recs:
+            m, kv = method_of(r, defaults), r.get("kv_size")
+            labelled.append((m, r))
+            if r["status"] == "oom":
+                ooms.add(Row(m, r["batch_size"], kv, oom=True))
+            elif r.get("throughput_tok_s") is not None and metric in (r.get("metrics") or {}):
+                runs.append(Row(m, r["batch_size"], kv, r["metrics"][metric], r["throughput_tok_s"]))
+            first = (r.get("search") or {}).get("first_oom_batch_size")
+            if first:
+                ooms.add(Row(m, first, kv, oom=True))
+        out.append(Table(key, metric, runs, sorted(ooms, key=order), labelled, near_fkv))
+    return out
+
+
+# ------------------------------------------------------------------------------------------ files
+def write_csv(records: list[dict], path: Path) -> None:
+    metric_keys = sorted({k for r in records for k in (r.get("metrics") or {})})
+    fields = [*CSV_FIELDS, *(f"metric_{k}" for k in metric_keys), "search_max_batch_size",
+              "search_first_oom_batch_size", "error", "predictions_path"]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        for r in records:
+            search = r.get("search") or {}
+            w.writerow({
+                **{k: r.get(k) for k in (*CSV_FIELDS, "error", "predictions_path")},
+                **{f"metric_{k}": v for k, v in (r.get("metrics") or {}).items()},
+                "search_max_batch_size": search.get("max_batch_size"),
+                "search_first_oom_batch_size": search.get("first_oom_batch_size"),
+            })
+
+
+PLOTS = {  # kind -> (file suffix, alt text)
+    "accuracy": ("accuracy_vs_throughput.png", "metric vs throughput"),
+    "batch": ("max_batch_size.png", "largest batch size per method"),
+    "memory": ("peak_memory.png", "peak memory vs batch size"),
+}
+
+
+def series_key(k: tuple[str, int | None]) -> tuple:
+    return (method_rank(k[0]), k[1] or 0)
+
+
+def series_label(k: tuple[str, int | None]) -> str:
+    return k[0] if k[1] is None else f"{k[0]} kv={k[1]}"
+
+
+def plot_table(t: Table, out: Path) -> list[str]:
+    """The table's PNGs (those it has data for); returns their kinds (keys of PLOTS)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    methods = sorted({m for m, _ in t.records}, key=method_rank)
+    colour = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(methods)}
+    written = []
+
+    def save(fig, ax, kind):
+        ax.set_title(t.title, fontsize=9)
+        fig.tight_layout()
+        fig.savefig(out / f"{t.slug}_{PLOTS[kind][0]}", dpi=120)
+        plt.close(fig)
+        written.append(kind)
+
+    if t.runs:
+        fig, ax = plt.subplots(figsize=(6.4, 4.4))
+        for m in methods:
+            rows = [r for r in t.runs if r.method == m]
+            if rows:
+                ax.scatter([r.tok_s for r in rows], [r.metric for r in rows], color=colour[m], label=m, zorder=3)
+            for r in rows:
+                text = f"b={r.b}" + ("" if r.kv is None else f" kv={r.kv}")
+                ax.annotate(text, (r.tok_s, r.metric), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        if t.fkv:
+            ax.axhline(t.fkv.metric, color="grey", ls="--", lw=1, label="FKV level")
+            ax.axhline(t.near_fkv * t.fkv.metric, color="grey", ls=":", lw=1, label=f"{t.near_fkv:.0%} of FKV")
+        ax.set(xlabel="throughput (generated tokens/s, prefill included)", ylabel=t.metric_name)
+        ax.legend(fontsize=7)
+        save(fig, ax, "accuracy")
+
+    searched = {}  # (method, kv) -> the latest record's search
+    for m, r in t.records:
+        s = r.get("search") or {}
+        if s.get("max_batch_size") is not None:
+            searched[(m, r.get("kv_size"))] = s
+    if searched:
+        keys = sorted(searched, key=series_key)
+        values = [searched[k]["max_batch_size"] for k in keys]
+        fig, ax = plt.subplots(figsize=(6.4, 1.2 + 0.35 * len(keys)))
+        ax.barh([series_label(k) for k in keys], values, color=[colour[k[0]] for k in keys])
+        for i, k in enumerate(keys):
+            first = searched[k].get("first_oom_batch_size")
+            text = f"{values[i]}" + (f" (b={first} OOM)" if first else "")
+            ax.annotate(text, (values[i], i), fontsize=7, xytext=(3, 0), textcoords="offset points", va="center")
+        ax.invert_yaxis()
+        ax.set_xlim(0, max(values + [1]) * 1.35)
+        ax.set(xlabel="largest batch size that fits (search)")
+        save(fig, ax, "batch")
+
+    mem: dict[tuple, dict[int, tuple[float, bool]]] = {}  # (method, kv) -> batch size -> (GiB, out of memory)
+    for m, r in t.records:
+        points = mem.setdefault((m, r.get("kv_size")), {})
+        for trial in (r.get("search") or {}).get("trials") or []:
+            if trial.get("peak_mem_bytes"):
+                points[trial["batch_size"]] = (trial["peak_mem_bytes"] / GiB, trial.get("status") == "oom")
+        if r.get("peak_mem_bytes"):
+            points[r["batch_size"]] = (r["peak_mem_bytes"] / GiB, r["status"] == "oom")
+    mem = {k: v for k, v in mem.items() if v}
+    if mem:
+        fig, ax = plt.subplots(figsize=(6.4, 4.4))
+        for k in sorted(mem, key=series_key):
+            pts = sorted(mem[k].items())
+            drawn = ax.plot([b for b, _ in pts], [g for _, (g, _) in pts], marker="o", ms=3, label=series_label(k))
+            over = [(b, g) for b, (g, oom) in pts if oom]
+            if over:
+                ax.scatter([b for b, _ in over], [g for _, g in over], marker="x", s=40, color=drawn[0].get_color(), zorder=3)
+        budgets = {((r.get("config") or {}).get("memory") or {}).get("budget_gb") for _, r in t.records}
+        if len(budgets) == 1 and None not in budgets:
+            ax.axhline(budgets.pop(), color="grey", ls="--", lw=1, label="memory.budget_gb")
+        ax.set(xlabel="batch size", ylabel="peak memory, GiB (x: out of memory)")
+        ax.set_ylim(bottom=0)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.legend(fontsize=7)
+        save(fig, ax, "memory")
+    return written
+
+
+def write_report(results_dir: str | Path, out: str | Path | None = None, near_fkv: float | None = None,
+                 plots: bool = True) -> dict[str, Path]:
+    """Write tables.md, runs.csv and the plots; returns what was written (name -> path)."""
+    records = read_records(results_dir)
+    out = Path(out or results_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    near = ReproduceConfig.near_fkv if near_fkv is None else near_fkv
+    ts = tables(records, near)
+    n_err = sum(1 for r in records if r.get("status") == "error")
+    parts = [
+        "# kvbench results",
+        "",
+        f"{len(records)} records in runs.jsonl"
+        + (f" ({n_err} ended with an error: not in the tables, see runs.csv)" if n_err else "")
+        + ". ED: extreme decoding-only eviction, FKV: full cache, BM: Batch-Max; tokens/s: generated"
+        " tokens per second, prefill included.",
+        "",
+    ]
+    written = {}
+    for t in ts:
+        kinds = plot_table(t, out / "plots") if plots else []
+        written.update({f"{t.slug}_{k}": out / "plots" / f"{t.slug}_{PLOTS[k][0]}" for k in kinds})
+        parts.append(t.markdown(kinds))
+    (out / "tables.md").write_text("\n".join(parts).rstrip("\n") + "\n")
+    write_csv(records, out / "runs.csv")
+    written.update({"tables.md": out / "tables.md", "runs.csv": out / "runs.csv"})
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="kvbench-report", description="Tables, a CSV and plots from RESULTS_DIR/runs.jsonl.")
+    p.add_argument("results_dir", help="a results directory holding runs.jsonl")
+    p.add_argument("--out", help="where to write (default: RESULTS_DIR)")
+    p.add_argument("--near-fkv", type=float, default=None,
+                   help=f"the near-FKV pick's share of FKV's metric (default {ReproduceConfig.near_fkv})")
+    p.add_argument("--no-plots", action="store_true", help="tables and CSV only")
+    args = p.parse_args(argv)
+    if not (Path(args.results_dir) / "runs.jsonl").is_file():
+        p.error(f"{args.results_dir} has no runs.jsonl")
+    written = write_report(args.results_dir, args.out, args.near_fkv, plots=not args.no_plots)
+    print(json.dumps({k: str(v) for k, v in written.items()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

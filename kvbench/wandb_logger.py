@@ -1,0 +1,115 @@
+"""logger=wandb: each run's record to Weights & Biases, offline unless the user has configured W&B.
+
+One W&B run per kvbench run, opened once the record is on disk: the resolved config (plus the
+record's identity under `kvbench.*`: policy, kv_size, batch_size, task, model, ...) as the run's
+config, the record's metrics, timings, memory and search result as its summary, the predictions as
+a table. Runs are grouped by experiment (`experiment_name`; otherwise model-task) and named
+policy/kv/batch, e.g. `batch_max/kv1024/b32`.
+
+Mode: `logger.mode` if set, else WANDB_MODE if set, else online when an API key is configured
+(WANDB_API_KEY, or the ~/.netrc entry `wandb login` writes), else offline: the run lands in
+`logger.dir`/wandb/offline-run-*, to upload later with `wandb sync`. A W&B failure is a warning,
+never a failed run, and `wandb.finish()` always runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import netrc
+import os
+from pathlib import Path
+from urllib.parse import urlsplit
+
+log = logging.getLogger("kvbench")
+
+IDENTITY = ("run_id", "config_hash", "experiment", "model", "task", "policy", "kv_size", "evict_every", "schedule",
+            "batch_size", "n_samples", "max_new_tokens", "seed", "device", "kvbench_version", "git_sha")
+SUMMARY = ("status", "error", "throughput_tok_s", "prefill_s", "decode_s", "wall_s", "generated_tokens",
+           "peak_kv_bytes", "peak_mem_bytes")
+
+
+def configured() -> bool:
+    """Whether the user has W&B credentials (then runs go online)."""
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return True
+    host = urlsplit(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        return netrc.netrc(Path(os.environ.get("NETRC") or "~/.netrc").expanduser()).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def resolve_mode(mode: str | None) -> str | None:
+    """The mode to pass to wandb.init; None lets W&B read WANDB_MODE."""
+    if mode or os.environ.get("WANDB_MODE"):
+        return mode
+    return "online" if configured() else "offline"
+
+
+def run_name(record: dict) -> str:
+    kv = [] if record.get("kv_size") is None else [f"kv{record['kv_size']}"]
+    return "/".join([str(record.get("policy")), *kv, f"b{record.get('batch_size')}"])
+
+
+def summary(record: dict) -> dict:
+    out = {k: record.get(k) for k in SUMMARY}
+    out.update(record.get("metrics") or {})
+    search = record.get("search") or {}
+    for k in ("max_batch_size", "first_oom_batch_size"):
+        if k in search:
+            out[f"search/{k}"] = search[k]
+    return out
+
+
+def predictions_table(rows: list[dict]):
+    import wandb
+
+    metrics = sorted({k for r in rows for k in (r.get("score") or {})})
+    columns = ["index", "prompt_tokens", "prompt", "prediction", "references", *metrics]
+    data = [
+        [r.get("index"), r.get("prompt_tokens"), r.get("prompt"), r.get("prediction"),
+         "\n".join(map(str, r.get("references") or [])), *((r.get("score") or {}).get(m) for m in metrics)]
+        for r in rows
+    ]
+    return wandb.Table(columns=columns, data=data)
+
+
+class WandbLogger:
+    """Logs one kvbench run to W&B (see the module docstring); fields are the `logger.*` keys."""
+
+    def __init__(self, project: str = "kvbench", entity: str | None = None, mode: str | None = None,
+                 dir: str | None = None, tags: list[str] | None = None, log_predictions: bool = True):
+        self.project, self.entity, self.mode, self.dir = project, entity, mode, dir
+        self.tags, self.log_predictions = list(tags or []), log_predictions
+
+    def log_run(self, record: dict, predictions: list[dict], config: dict) -> None:
+        try:
+            import wandb
+        except ImportError as e:
+            log.warning("logger=wandb: wandb is not installed (%s); the run's record is saved", e)
+            return
+        try:
+            if self.dir:
+                Path(self.dir).mkdir(parents=True, exist_ok=True)
+            run = wandb.init(
+                project=self.project,
+                entity=self.entity,
+                group=record.get("experiment") or f"{record.get('model')}-{record.get('task')}",
+                job_type=str(record.get("task")),
+                name=run_name(record),
+                config={**config, "kvbench": {k: record.get(k) for k in IDENTITY}},
+                tags=[*self.tags, str(record.get("policy")), str(record.get("status"))],
+                mode=resolve_mode(self.mode),
+                dir=self.dir,
+                settings=wandb.Settings(console="off"),
+            )
+            run.summary.update(summary(record))
+            if self.log_predictions and predictions:
+                run.log({"predictions": predictions_table(predictions)})
+        except Exception as e:  # W&B never fails a run: its record is already on disk
+            log.warning("logger=wandb failed (the run's record is saved): %s: %s", type(e).__name__, e)
+        finally:
+            try:
+                wandb.finish()
+            except Exception as e:
+                log.warning("wandb.finish failed: %s: %s", type(e).__name__, e)

@@ -1,0 +1,111 @@
+"""Experiment configs (lightning-hydra-template style): every file composes and validates, runs on
+tiny-llama with a tiny override (its own task on a tiny dataset mirror), and the paper configs hold
+the published setting."""
+
+import gzip
+import json
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from kvbench import runner
+from kvbench.config import CONF_DIR, validate
+
+EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+PAPER = [e for e in EXPERIMENTS if e.startswith("paper_")]
+# cards as CUDA reports them: V100-32GB 32510 MiB, TITAN V-12GB 12066 MiB
+V100, TITAN_V = ("32510MiB", 31.75), ("12066MiB", 11.78)
+HARDWARE = {  # experiment -> (model, task, GPUs, per-GPU max_memory, memory.budget_gb)
+    "paper_llama2_cnndm": ("llama2-13b-chat", "cnndm", 4, *V100),
+    "paper_llama2_narrativeqa": ("llama2-13b-chat", "narrativeqa", 4, *V100),
+    "paper_llama2_gsm8k": ("llama2-13b-chat", "gsm8k", 2, *V100),
+    "paper_phi35_cnndm": ("phi35-mini", "cnndm", 4, *TITAN_V),
+    "paper_phi35_narrativeqa": ("phi35-mini", "narrativeqa", 4, *TITAN_V),
+    "paper_phi35_gsm8k": ("phi35-mini", "gsm8k", 4, *TITAN_V),
+}
+PUBLISHED_KV = {"paper_llama2_cnndm": (1024, 896), "paper_llama2_narrativeqa": (1792, 1728),
+                "paper_llama2_gsm8k": (1536, 1408), "paper_phi35_cnndm": (2176,),
+                "paper_phi35_narrativeqa": (1984,), "paper_phi35_gsm8k": (1664,)}
+
+
+def _compose(*overrides, hydra=False):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("config", overrides=list(overrides), return_hydra_config=hydra)
+
+
+@pytest.fixture(scope="module")
+def mirror(tmp_path_factory):
+    """A tiny dataset mirror in interface.md's layout: 20 short rows per split."""
+    root = tmp_path_factory.mktemp("data")
+    n = range(20)
+    splits = {
+        "cnn_dailymail/test": [{"article": f"Story {i}: the town fair opened on day {i}.", "highlights": f"Fair day {i}.",
+                                "id": str(i)} for i in n],
+        "gsm8k/test": [{"question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"} for i in n],
+        "narrativeqa/test": [{"document": {"id": f"d{i}", "summary": {"text": f"Ann met Bob {i} times."}},
+                              "question": {"text": "Who met Bob?"}, "answers": [{"text": "Ann"}, {"text": "Ann."}]}
+                             for i in n],
+    }
+    splits["cnn_dailymail/validation"] = splits["cnn_dailymail/test"]
+    splits["gsm8k/train"] = splits["gsm8k/test"]
+    splits["narrativeqa/validation"] = splits["narrativeqa/test"]
+    for name, rows in splits.items():
+        path = root / f"{name}.jsonl.gz"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with gzip.open(path, "wt") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+    return root
+
+
+def tiny(experiment: str, mirror) -> list[str]:
+    """The experiment on tiny-llama: 2 samples, 2 new tokens, a small cache, the tiny mirror."""
+    base = _compose(f"experiment={experiment}")
+    out = [f"experiment={experiment}", "model=tiny-llama", "device=cpu", f"data.dir={mirror}",
+           "task.n_samples=2", "task.n_shot=1", "task.max_input_tokens=512", "gen.max_new_tokens=2",
+           "batch_size=2", "policy.kv_size=64", "policy.evict_every=16"]
+    if "max_memory" in base.model:  # a Hub model's GPU split: not an argument of the tiny model
+        out.append("~model.max_memory")
+    return out
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_composes_and_validates(experiment):
+    cfg = _compose(f"experiment={experiment}")
+    validate(cfg)
+    assert cfg.experiment_name == experiment
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_runs_on_tiny_llama(experiment, mirror, tmp_path):
+    cfg = _compose(*tiny(experiment, mirror), f"results_dir={tmp_path}")
+    rec = runner.run(cfg)
+    assert rec["status"] == "ok", rec["error"]
+    assert rec["experiment"] == experiment and rec["task"] == experiment.rsplit("_", 1)[-1]
+    assert rec["n_samples"] == 2 and rec["generated_tokens"] == 4  # ignore_eos: every token generated
+
+
+def test_experiments_exist():
+    assert set(HARDWARE) <= set(EXPERIMENTS)
+
+
+@pytest.mark.parametrize("experiment", PAPER)
+def test_paper_settings(experiment):
+    """`kvbench experiment=... --cfg job` holds the published setting (method.md)."""
+    model, task, gpus, per_gpu, budget = HARDWARE[experiment]
+    cfg = _compose(f"experiment={experiment}", hydra=True)
+    choices = cfg.hydra.runtime.choices
+    assert (choices.model, choices.task, choices.policy) == (model, task, "batch_max")
+    assert cfg.task.n_samples == 960 and cfg.task.seed == 0 and cfg.seed == 0
+    assert cfg.task.max_input_tokens == 3584 == 4096 - 512
+    assert cfg.gen.max_new_tokens == 512 and cfg.gen.ignore_eos is True
+    assert cfg.policy.evict_every == 64 and cfg.policy.schedule == "prefill_and_decode"
+    assert cfg.search.candidates == "divisors_of_960"
+    assert dict(cfg.model.max_memory) == {i: per_gpu for i in range(gpus)}
+    assert cfg.memory.budget_gb == budget
+    assert cfg.model.dtype == "float16"
+    r = cfg.reproduce
+    assert list(r.kv_sizes) == list(range(128, 3585, 128)) and r.refine_step == 64
+    assert r.near_fkv == 0.96 and r.ed_kv_size == 2
+    reachable = {k + d for k in r.kv_sizes for d in (-r.refine_step, 0, r.refine_step)}
+    assert set(PUBLISHED_KV[experiment]) <= reachable
+    assert {"cnndm": 1, "narrativeqa": 2, "gsm8k": 16}[task] == cfg.task.n_shot

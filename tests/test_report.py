@@ -1,0 +1,143 @@
+"""kvbench-report: a fixture runs.jsonl becomes the paper-layout tables (exact text), a CSV and plots.
+
+The fixture mimics the paper's Llama-2 CNN/DM row: ED's first OOM at b=5 (from its search), FKV's
+record at b=4 superseded by a newer one of the same configuration, an oom record, Batch-Max runs
+at, near and below FKV's level, a non-default schedule, an error, and a second task.
+"""
+
+import csv
+
+import pytest
+
+from kvbench import report
+from kvbench.results import append_record
+
+GiB = 2**30
+
+
+def _rec(run_id, policy, b, kv, metric=None, tok=None, status="ok", task="cnndm", schedule=None, **extra):
+    name = "accuracy" if task == "gsm8k" else "rouge2"
+    return {
+        "run_id": run_id, "config_hash": extra.pop("config_hash", run_id), "status": status, "error": None,
+        "experiment": "paper_llama2_cnndm", "model": "llama2-13b-chat", "task": task, "policy": policy,
+        "kv_size": kv, "evict_every": 64, "schedule": schedule, "batch_size": b, "n_samples": 960,
+        "max_new_tokens": 512, "metrics": {} if metric is None else {name: metric, "rouge1": 0.3},
+        "throughput_tok_s": tok, "peak_mem_bytes": None, "search": None,
+        "config": {"memory": {"budget_gb": 31.75}}, **extra,
+    }
+
+
+ED_SEARCH = {"max_batch_size": 4, "first_oom_batch_size": 5, "trials": [
+    {"batch_size": 4, "status": "ok", "peak_mem_bytes": 30 * GiB},
+    {"batch_size": 5, "status": "oom", "peak_mem_bytes": 33 * GiB},
+]}
+RECORDS = [
+    _rec("ed4", "extreme_decode", 4, 2, 0.001, 42.0, schedule="decode_only", search=ED_SEARCH),
+    _rec("fkv4-old", "full", 4, None, 0.150, 29.0, config_hash="fkv4"),
+    _rec("fkv4", "full", 4, None, 0.145, 30.3, peak_mem_bytes=31 * GiB),
+    _rec("fkv5", "full", 5, None, status="oom"),
+    _rec("bm32", "batch_max", 32, 1024, 0.146, 73.8, schedule="prefill_and_decode"),
+    _rec("bm40", "batch_max", 40, 896, 0.142, 80.3, schedule="prefill_and_decode"),
+    _rec("bm48", "batch_max", 48, 640, 0.120, 90.0, schedule="prefill_and_decode"),
+    _rec("bm48-1024", "batch_max", 48, 1024, status="oom", schedule="prefill_and_decode"),
+    _rec("h2o", "h2o", 8, 1024, 0.140, 35.0, schedule="prefill_and_decode"),
+    _rec("err", "window", 8, 512, status="error", error="RuntimeError: boom"),
+    _rec("g-fkv", "full", 3, None, 0.34, 22.9, task="gsm8k"),
+    _rec("g-ed", "extreme_decode", 3, 2, 0.0, 30.3, task="gsm8k", schedule="decode_only"),
+]
+
+CNNDM = "llama2-13b-chat_cnndm_n960_new512"
+GSM8K = "llama2-13b-chat_gsm8k_n960_new512"
+EXPECTED = f"""# kvbench results
+
+12 records in runs.jsonl (1 ended with an error: not in the tables, see runs.csv). ED: extreme decoding-only eviction, FKV: full cache, BM: Batch-Max; tokens/s: generated tokens per second, prefill included.
+
+## llama2-13b-chat · cnndm · 960 samples · 512 new tokens
+
+| Method | b | kv | ROUGE-2 | tokens/s |
+|---|---:|---:|---:|---:|
+| ED | 4 | 2 | 0.001 | 42.0 |
+| ED | (b=5 OOM) | 2 | - | - |
+| FKV | 4 | - | 0.145 | 30.3 |
+| FKV | (b=5 OOM) | - | - | - |
+| BM ≥ FKV | 32 | 1024 | 0.146 | 73.8 |
+| BM ≥ FKV | (b=48 OOM) | 1024 | - | - |
+| BM ≥ 96% FKV | 40 | 896 | 0.142 | 80.3 |
+| H2O (P&D) ≥ 96% FKV | 8 | 1024 | 0.140 | 35.0 |
+
+FKV level: 0.145; 96% of it: 0.139.
+
+All runs:
+
+| Method | b | kv | ROUGE-2 | tokens/s |
+|---|---:|---:|---:|---:|
+| ED | 4 | 2 | 0.001 | 42.0 |
+| ED | (b=5 OOM) | 2 | - | - |
+| FKV | 4 | - | 0.145 | 30.3 |
+| FKV | (b=5 OOM) | - | - | - |
+| BM | 48 | 640 | 0.120 | 90.0 |
+| BM | 40 | 896 | 0.142 | 80.3 |
+| BM | 32 | 1024 | 0.146 | 73.8 |
+| BM | (b=48 OOM) | 1024 | - | - |
+| H2O (P&D) | 8 | 1024 | 0.140 | 35.0 |
+
+![metric vs throughput](plots/{CNNDM}_accuracy_vs_throughput.png)
+![largest batch size per method](plots/{CNNDM}_max_batch_size.png)
+![peak memory vs batch size](plots/{CNNDM}_peak_memory.png)
+
+## llama2-13b-chat · gsm8k · 960 samples · 512 new tokens
+
+| Method | b | kv | accuracy | tokens/s |
+|---|---:|---:|---:|---:|
+| ED | 3 | 2 | 0.000 | 30.3 |
+| FKV | 3 | - | 0.340 | 22.9 |
+
+FKV level: 0.340; 96% of it: 0.326.
+
+All runs:
+
+| Method | b | kv | accuracy | tokens/s |
+|---|---:|---:|---:|---:|
+| ED | 3 | 2 | 0.000 | 30.3 |
+| FKV | 3 | - | 0.340 | 22.9 |
+
+![metric vs throughput](plots/{GSM8K}_accuracy_vs_throughput.png)
+"""
+
+
+@pytest.fixture
+def results(tmp_path):
+    for r in RECORDS:
+        append_record(tmp_path, r)
+    return tmp_path
+
+
+def test_tables_csv_and_plots(results, capsys):
+    report.main([str(results)])
+    assert (results / "tables.md").read_text() == EXPECTED
+    with open(results / "runs.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["run_id"] for r in rows] == [r["run_id"] for r in RECORDS]  # every record, errors included
+    assert rows[0]["metric_rouge2"] == "0.001" and rows[0]["search_first_oom_batch_size"] == "5"
+    assert rows[9]["status"] == "error" and rows[9]["error"] == "RuntimeError: boom"
+    plots = sorted(p.name for p in (results / "plots").iterdir())
+    assert plots == sorted([f"{CNNDM}_accuracy_vs_throughput.png", f"{CNNDM}_max_batch_size.png",
+                            f"{CNNDM}_peak_memory.png", f"{GSM8K}_accuracy_vs_throughput.png"])
+    for p in plots:
+        assert (results / "plots" / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "tables.md" in capsys.readouterr().out
+
+
+def test_near_fkv_threshold_and_out_dir(results, tmp_path):
+    out = tmp_path / "elsewhere"
+    report.main([str(results), "--out", str(out), "--near-fkv", "0.99", "--no-plots"])
+    text = (out / "tables.md").read_text()
+    assert "| BM ≥ 99% FKV |" not in text  # 0.142 < 0.99 * 0.145: only the >= FKV pick is left
+    assert "| H2O (P&D) ≥ 99% FKV |" not in text and "| BM ≥ FKV | 32 | 1024 |" in text
+    assert not (out / "plots").exists() and not (results / "tables.md").exists()
+
+
+def test_no_runs_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        report.main([str(tmp_path)])
+    assert exc.value.code == 2 and "no runs.jsonl" in capsys.readouterr().err
