@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 # the local dataset mirror, when there is one (used by the demo and the real-task scripts)
 DATA_DIR ?= $(wildcard ../shared/data)
 
-.PHONY: help install test test-slow demo lint bench reproduce-mini clean
+.PHONY: help install test test-slow demo lint reproduce-mini clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -36,3 +36,9 @@ lint: install ## ruff
 
 clean: ## remove the virtual environment and caches
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+reproduce-mini: install ## the paper's protocol at small scale on this CPU (3 tasks, ~1 h): results/mini/
+	for t in cnndm narrativeqa gsm8k; do \
+	  $(BIN)/kvbench-reproduce experiment=mini_$$t $(if $(DATA_DIR),data.dir=$(DATA_DIR)) || exit 1; \
+	done
+	$(BIN)/kvbench-report results/mini

@@ -57,6 +57,7 @@ class SearchConfig:
     max: int | None = None
     only: bool = False  # stop after the search, record its result
     decode_steps: int = 4  # decode steps of a probe
+    probe: str = "real"  # real: run each trial; account: CPU only, decide from the accounted peak alone
 
 
 @dataclass
@@ -155,13 +156,18 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("memory.budget_gb", "must be a positive, finite number of GB (GiB)", b)
     if cfg.search.decode_steps <= 0:
         raise ConfigError("search.decode_steps", "must be a positive integer", cfg.search.decode_steps)
+    if cfg.search.probe not in ("real", "account"):
+        raise ConfigError("search.probe", "must be real or account", cfg.search.probe)
     if cfg.search.only and not cfg.search.max_batch:
         raise ConfigError("search.only", "needs search.max_batch=true (there is no search to stop after)", True)
     search_candidates(cfg)
     from kvbench.models.base import resolve_device
 
-    if resolve_device(cfg.device).type == "cpu" and cfg.search.max_batch and b is None:
+    on_cpu = resolve_device(cfg.device).type == "cpu"
+    if on_cpu and cfg.search.max_batch and b is None:
         raise ConfigError("memory.budget_gb", "search.max_batch=true on CPU needs an accounted budget (GiB)", b)
+    if cfg.search.probe == "account" and not on_cpu:
+        raise ConfigError("search.probe", "account probes exist only on CPU (a GPU's budget is a real cap)", "account")
     for key in ("policy", "task"):
         try:
             (build_policy if key == "policy" else build_task)(cfg)

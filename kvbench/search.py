@@ -5,7 +5,8 @@ bisection between the last candidate that fit and the first that did not; fittin
 monotone in the batch size. Each trial is a real probe of the worst case: the b longest prompts of
 the sample set (cycled when b exceeds it), the cache allocated for the full generation length, the
 prefill and `search.decode_steps` decode steps, under the run's budget (accounted on CPU, the real
-cap on CUDA). Before every trial memory is released (gc, empty_cache) and its level taken; after an
+cap on CUDA). On CPU, `search.probe=account` decides a trial from the accounted peak alone without
+running it: the same verdict (the CPU budget is accounted anyway), minutes faster for long prompts. Before every trial memory is released (gc, empty_cache) and its level taken; after an
 out-of-memory trial the level must be back where it was, and a difference is logged and kept in the
 trial as `leaked_bytes`. The result is the paper's pair: the largest batch that fits and the first
 that does not (b0).
@@ -90,6 +91,13 @@ def probe(cfg, lm, policy, ids: list[list[int]], batch_size: int, budget: memory
     before = memory.memory_level(devices)
     memory.reset_peaks(devices)
     status = "ok"
+    if cfg.search.probe == "account":
+        try:
+            if budget is not None:
+                budget.admit(acc)
+        except memory.BudgetExceeded:
+            status = "oom"
+        return Trial(batch_size=batch_size, status=status, peak_mem_bytes=acc.total, accounted_mem_bytes=acc.total)
     try:
         engine.generate(
             lm.model, lm.tokenizer, prompts, policy, batch_size,

@@ -150,3 +150,23 @@ def test_a_leak_is_reported(monkeypatch):
     monkeypatch.setattr(KVCache, "begin_forward", hold_then_begin)
     trial = search.probe(cfg, lm, policy, [list(range(40, 90))], 3, None)
     assert trial.status == "oom" and trial.leaked_bytes == held[0].allocated_bytes() > 0
+
+
+def test_account_probes_give_the_same_verdicts_as_real_ones(tmp_path):
+    """search.probe=account (CPU) decides every trial as the real probe does, without running it."""
+    from hydra import compose, initialize_config_dir
+
+    from kvbench.config import CONF_DIR
+    from kvbench.runner import run
+
+    common = ["model=tiny-llama", "task.n_samples=4", "task.context_tokens=256", "gen.max_new_tokens=8",
+              "policy=batch_max", "policy.kv_size=64", "policy.evict_every=16", "search.max_batch=true",
+              "search.only=true", "search.candidates=[1,2,3,4,6,8,12,16,24,32]", "memory.budget_gb=0.0015",
+              f"results_dir={tmp_path}"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        real = run(compose("config", overrides=common))["search"]
+        acct = run(compose("config", overrides=[*common, "search.probe=account"]))["search"]
+    assert real["first_oom_batch_size"] is not None and real["max_batch_size"] > 1  # the budget bites in the range
+    assert [(t["batch_size"], t["status"]) for t in acct["trials"]] == [
+        (t["batch_size"], t["status"]) for t in real["trials"]
+    ]

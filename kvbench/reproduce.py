@@ -1,0 +1,134 @@
+"""`kvbench-reproduce experiment=...`: the paper's protocol (method.md steps 4-5) as one command.
+
+1. ED (extreme decoding-only, kv = `reproduce.ed_kv_size`) searches the largest batch that fits
+   (b_ED) and the first that does not (b0), then runs at b_ED: the decoding-only throughput bound.
+2. FKV (full cache) runs at b_ED: the accuracy reference. If it does not fit there, its own search
+   picks its batch.
+3. Batch-Max (the experiment's policy, p = policy.evict_every) searches its largest batch and runs
+   there, for every kv size of `reproduce.kv_sizes`; then for the kv sizes `reproduce.refine_step`
+   around the best coarse one.
+4. Picks, as in the paper's two Batch-Max rows: (a) the fastest run with a metric >= FKV's,
+   (b) the fastest with a metric >= `reproduce.near_fkv` x FKV's.
+
+Every step is an ordinary kvbench run (one record in runs.jsonl), and `skip_existing` defaults to
+true, so a killed driver re-run picks up where it stopped. It ends by writing the report
+(tables.md, runs.csv, plots) into `results_dir` and printing the picks.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from kvbench.cli import _message, preflight
+from kvbench.config import CONF_DIR, build_task
+
+
+@dataclass
+class Point:
+    policy: str
+    kv_size: int | None
+    batch_size: int
+    metric: float
+    tok_s: float
+
+    @classmethod
+    def of(cls, rec: dict, metric: str) -> Point | None:
+        if rec.get("status") != "ok" or metric not in (rec.get("metrics") or {}):
+            return None
+        return cls(rec["policy"], rec["kv_size"], rec["batch_size"], rec["metrics"][metric], rec["throughput_tok_s"])
+
+
+def pick(points: list[Point], floor: float) -> Point | None:
+    """The fastest point whose metric is at least `floor`."""
+    ok = [p for p in points if p.metric >= floor]
+    return max(ok, key=lambda p: (p.tok_s, -p.batch_size)) if ok else None
+
+
+class Driver:
+    def __init__(self, overrides: list[str]):
+        self.base = list(overrides)
+        if not any(o.split("=", 1)[0] == "skip_existing" for o in self.base):
+            self.base.append("skip_existing=true")
+
+    def compose(self, *extra: str) -> DictConfig:
+        return compose("config", overrides=[*self.base, *extra])
+
+    def run(self, *extra: str) -> dict:
+        from kvbench.runner import run
+
+        cfg = self.compose(*extra)
+        rec = run(cfg)
+        print(f"kvbench-reproduce: {' '.join(extra)} -> {rec['status']}, b={rec['batch_size']}, "
+              f"metrics={json.dumps(rec.get('metrics'))}, tok/s={rec.get('throughput_tok_s')}", flush=True)
+        return rec
+
+    def protocol(self) -> dict:
+        cfg = self.compose()
+        metric = build_task(cfg).metric
+        rp = cfg.reproduce
+        p = cfg.policy.evict_every
+        search = ["search.max_batch=true", "search.only=false"]
+
+        ed = self.run("policy=extreme_decode", f"policy.kv_size={rp.ed_kv_size}", "policy.evict_every=null", *search)
+        b_ed = (ed.get("search") or {}).get("max_batch_size")
+        if not b_ed:
+            raise SystemExit(f"kvbench-reproduce: ED fits no batch under this budget ({ed.get('error')})")
+        fkv = self.run("policy=full", "policy.kv_size=null", f"batch_size={b_ed}", "search.max_batch=false")
+        if fkv["status"] == "oom":
+            fkv = self.run("policy=full", "policy.kv_size=null", *search)
+        fkv_point = Point.of(fkv, metric)
+        if fkv_point is None:
+            raise SystemExit(f"kvbench-reproduce: the full-cache run failed: {fkv.get('error')}")
+
+        def bm(kv: int) -> Point | None:
+            return Point.of(self.run(f"policy.kv_size={kv}", f"policy.evict_every={p}", *search), metric)
+
+        tried = {kv: bm(kv) for kv in rp.kv_sizes}
+        coarse = [pt for pt in tried.values() if pt]
+        centre = pick(coarse, fkv_point.metric) or pick(coarse, rp.near_fkv * fkv_point.metric)
+        centre_kv = centre.kv_size if centre else max(tried)
+        for kv in (centre_kv - rp.refine_step, centre_kv + rp.refine_step):
+            if kv > p and kv not in tried:
+                tried[kv] = bm(kv)
+        points = [pt for pt in tried.values() if pt]
+        ed_point = Point.of(ed, metric)
+        result = {
+            "metric": metric,
+            "ed": ed_point.__dict__ if ed_point else None,
+            "ed_first_oom_batch_size": ed["search"]["first_oom_batch_size"],
+            "fkv": fkv_point.__dict__,
+            "bm_at_fkv": (pick(points, fkv_point.metric) or Point("batch_max", None, 0, 0, 0)).__dict__,
+            "bm_near_fkv": (pick(points, rp.near_fkv * fkv_point.metric) or Point("batch_max", None, 0, 0, 0)).__dict__,
+            "near_fkv": rp.near_fkv,
+        }
+        for key in ("bm_at_fkv", "bm_near_fkv"):
+            if result[key]["kv_size"] is None:
+                result[key] = None
+        return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        preflight(argv)
+    except Exception as e:
+        print(f"kvbench-reproduce: error: {_message(e)}", file=sys.stderr)
+        sys.exit(2)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="reproduce"):
+        driver = Driver(argv)
+        result = driver.protocol()
+        results_dir = driver.compose().results_dir
+    from kvbench.report import write_report
+
+    write_report(results_dir)
+    print(json.dumps({"reproduce": result}))
+    print(f"kvbench-reproduce: report in {results_dir}/tables.md")
+
+
+if __name__ == "__main__":
+    main()

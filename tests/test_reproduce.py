@@ -1,0 +1,42 @@
+"""The protocol driver on a tiny setting: ED's search, FKV at ED's batch, Batch-Max's kv grid, the
+picks; a second invocation resumes (skips everything already recorded)."""
+
+import json
+
+from kvbench import reproduce
+from kvbench.results import read_records
+
+TINY = [
+    "experiment=mini_cnndm", "model=tiny-llama", "task=passkey", "task.context_tokens=256", "task.n_samples=8",
+    "search.candidates=[1,2,4,8]", "gen.max_new_tokens=8", "memory.budget_gb=0.007",
+    "reproduce.kv_sizes=[96,160]", "policy.evict_every=32",
+]
+
+
+def test_driver_follows_the_protocol_and_resumes(tmp_path, capsys):
+    args = [*TINY, f"results_dir={tmp_path}"]
+    reproduce.main(args)
+    out = capsys.readouterr().out
+    result = json.loads(next(line for line in out.splitlines() if line.startswith('{"reproduce"')))["reproduce"]
+    recs = read_records(tmp_path)
+    by = {(r["policy"], r["kv_size"]): r for r in recs}
+    ed = by[("extreme_decode", 2)]
+    assert ed["search"]["max_batch_size"] == 2 and ed["search"]["first_oom_batch_size"] == 4
+    assert ed["batch_size"] == 2 and ed["status"] == "ok"
+    assert by[("full", None)]["batch_size"] == 2  # FKV runs at ED's batch size
+    bms = [r for r in recs if r["policy"] == "batch_max"]
+    assert {r["kv_size"] for r in bms} == {96, 160}  # the grid; 96 - 32 is not above p, 160 already ran
+    assert all(r["batch_size"] == 8 for r in bms)  # Batch-Max fits the largest candidate
+    fastest = max(bms, key=lambda r: r["throughput_tok_s"])  # every BM meets FKV's accuracy of 0 here
+    assert result["bm_at_fkv"]["kv_size"] == fastest["kv_size"]
+    assert (tmp_path / "tables.md").read_text().count("BM ≥ FKV") == 1
+    reproduce.main(args)  # resumes: nothing new to run
+    assert len(read_records(tmp_path)) == len(recs)
+
+
+def test_driver_bad_override_is_one_line(tmp_path, capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(["experiment=mini_cnndm", "policy.kv_size=0", f"results_dir={tmp_path}"])
+    assert e.value.code == 2 and capsys.readouterr().err.count("\n") == 1
