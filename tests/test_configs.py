@@ -36,3 +36,10 @@ def test_interface_defaults():
     assert cfg.model.name == "smollm2-135m" and cfg.batch_size == 1 and cfg.results_dir == "results"
     assert cfg.data.dir is None and cfg.memory.budget_gb is None and cfg.search.max_batch is False
     assert cfg.output.save_prompt_ids is False and cfg.device == "auto"
+
+
+def test_experiment_overrides_root_values():
+    """An experiment file wins over the root config's own values (results_dir, device, ...)."""
+    cfg = _compose("experiment=mini_cnndm")
+    assert cfg.results_dir == "results/mini" and cfg.device == "cpu"
+    assert _compose("experiment=mini_cnndm", "results_dir=elsewhere").results_dir == "elsewhere"  # CLI wins
