@@ -5,7 +5,8 @@ returning None under the same name: the mask is built from the cache, once per f
 `KVCache.begin_forward`). It is active only inside `kv_attention(model)`, on that model, never
 globally: outside the context the model runs its own implementation.
 
-The output comes from SDPA (or flash-attn's kv-cache kernel on CUDA when installed and asked for);
+The output comes from SDPA (or flash-attn's kv-cache kernel on CUDA in half precision when the
+`flash` extra is installed: `gen.attention=auto|sdpa|flash`);
 when the policy needs attention statistics, the weights are recomputed separately, in chunks of
 queries, so the extra memory is O(B * H * chunk * N) and the output kernel stays fused.
 """
@@ -23,11 +24,56 @@ from transformers.masking_utils import AttentionMaskInterface
 
 NAME = "kvbench"
 SCORE_CHUNK = 64  # queries per chunk when computing attention weights for scores
-_state = {"score_chunk": SCORE_CHUNK, "backend": "sdpa"}
+BACKENDS = ("auto", "sdpa", "flash")
+FLASH_CHECK_TOL = 2e-2  # max |flash - SDPA| accepted on the first flash call of a process
+_state = {"score_chunk": SCORE_CHUNK, "backend": "sdpa", "flash_checked": False}
 
 
 def flash_available() -> bool:
     return torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
+
+
+def resolve_backend(backend: str, model) -> str:
+    """auto: flash-attn when installed, on CUDA, in half precision; else SDPA."""
+    if backend == "auto":
+        half = model.dtype in (torch.float16, torch.bfloat16)
+        return "flash" if flash_available() and half and model.device.type == "cuda" else "sdpa"
+    return backend
+
+
+def _sdpa(query, key, value, step, scaling):
+    return F.scaled_dot_product_attention(
+        query, key, value, attn_mask=step.mask, is_causal=step.causal, scale=scaling,
+        enable_gqa=query.shape[1] != key.shape[1],
+    )  # (B, Hq, T, D)
+
+
+def _flash(query, key, value, step, scaling):
+    """flash-attn's kv-cache kernel on the cache's own storage (no copy).
+
+    With causal=True it aligns each sample's mask bottom-right on its own `cache_seqlens`: query i
+    sees slots <= n_b - T + i, which is exactly kvbench's mask since real queries are right-aligned
+    in the chunk (pad rows may see nothing; flash returns zeros for them, they are discarded).
+    The first call of a process is checked against SDPA (this path had no GPU to be tested on).
+    """
+    from flash_attn import flash_attn_with_kvcache  # the optional `flash` extra
+
+    out = flash_attn_with_kvcache(
+        query.transpose(1, 2),  # (B, T, Hq, D)
+        key.transpose(1, 2),  # (B, N, H_kv, D), a strided view of the cache
+        value.transpose(1, 2),
+        cache_seqlens=step.seqlens,
+        softmax_scale=scaling,
+        causal=True,
+    ).transpose(1, 2)  # (B, Hq, T, D)
+    if not _state["flash_checked"]:
+        ref = _sdpa(query, key, value, step, scaling)
+        real = step.real[:, None, :, None]  # compare real queries only
+        err = ((out - ref).abs() * real).max().item()
+        if not err <= FLASH_CHECK_TOL:
+            raise RuntimeError(f"flash-attn disagrees with SDPA on kvbench's cache (max |diff| {err:.3g}); use gen.attention=sdpa")
+        _state["flash_checked"] = True
+    return out
 
 
 def attention_stats(query, key, step, scaling: float, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,15 +136,7 @@ def kvbench_attention(module, query, key, value, attention_mask, scaling=None, d
     if cache is None:  # called outside kvbench's engine: behave like SDPA
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     step = cache.step_on(query.device)
-    out = F.scaled_dot_product_attention(
-        query,
-        key,
-        value,
-        attn_mask=step.mask,
-        is_causal=step.causal,
-        scale=scaling,
-        enable_gqa=query.shape[1] != key.shape[1],
-    )  # (B, Hq, T, D)
+    out = (_flash if _state["backend"] == "flash" else _sdpa)(query, key, value, step, scaling)  # (B, Hq, T, D)
     if cache.track_attention:
         w_sum, w_last = attention_stats(query, key, step, scaling, _state["score_chunk"])
         cache.accumulate(module.layer_idx, w_sum, w_last)
@@ -117,11 +155,12 @@ def register() -> None:
 
 
 @contextlib.contextmanager
-def kv_attention(model, score_chunk: int = SCORE_CHUNK):
+def kv_attention(model, score_chunk: int = SCORE_CHUNK, backend: str = "auto"):
     """Run `model` with kvbench's attention inside the block; restore its implementation after."""
     register()
     previous = model.config._attn_implementation
     _state["score_chunk"] = score_chunk
+    _state["backend"] = resolve_backend(backend, model)
     model.set_attn_implementation(NAME)
     try:
         yield model

@@ -45,6 +45,7 @@ class Step:
     mask: torch.Tensor | None  # (B, 1, T, N) bool, None when not needed
     causal: bool  # use SDPA's is_causal instead of a mask
     n_keys: int  # N = max count after the write
+    seqlens: torch.Tensor  # (B,) int32 count per sample after the write (flash-attn's cache_seqlens)
 
 
 class _Group:
@@ -212,6 +213,7 @@ class KVCache(Cache):
             thresh=(n_new - T) if need_mask else None,
             causal=causal,
             n_keys=n_keys,
+            seqlens=n_new.to(torch.int32),
             T=T,
         )
         self._steps = {}
@@ -244,6 +246,7 @@ class KVCache(Cache):
                 mask=mask,
                 causal=c["causal"],
                 n_keys=c["n_keys"],
+                seqlens=c["seqlens"].to(device),
             )
             self._steps[device] = st
         return st

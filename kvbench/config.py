@@ -37,6 +37,7 @@ class GenConfig:
     ignore_eos: bool = False
     prefill_chunk: int | None = None  # default: whole prompt (no prefill eviction) or evict_every
     score_chunk: int = 64  # queries per chunk when computing attention weights for scores
+    attention: str = "auto"  # auto (flash-attn on CUDA in half precision when installed, else SDPA) | sdpa | flash
     warmup: bool = False  # run one untimed batch first
 
 
@@ -147,6 +148,12 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("gen.max_new_tokens", "must be a positive integer", cfg.gen.max_new_tokens)
     if cfg.gen.prefill_chunk is not None and cfg.gen.prefill_chunk <= 0:
         raise ConfigError("gen.prefill_chunk", "must be a positive integer or null", cfg.gen.prefill_chunk)
+    from kvbench.attention import BACKENDS, flash_available
+
+    if cfg.gen.attention not in BACKENDS:
+        raise ConfigError("gen.attention", f"must be one of {', '.join(BACKENDS)}", cfg.gen.attention)
+    if cfg.gen.attention == "flash" and not flash_available():
+        raise ConfigError("gen.attention", "flash needs CUDA and the flash extra (pip install 'kvbench[flash]')", "flash")
     if cfg.gen.score_chunk <= 0:
         raise ConfigError("gen.score_chunk", "must be a positive integer", cfg.gen.score_chunk)
     if cfg.data.dir not in (None, "") and not Path(cfg.data.dir).is_dir():

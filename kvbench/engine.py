@@ -227,12 +227,13 @@ def generate(
     budget: memory.Budget | None = None,
     warmup: bool = False,
     decode_steps: int | None = None,
+    attention: str = "auto",
 ) -> GenerationOutput:
     """Greedy generation of `prompts` (strings or token ids) in batches under `policy`.
 
     Batches keep the given order (no sorting), so a batch size that divides the sample count gives
     every run the same batches. EOS ids default to the model's generation config. `budget`,
-    `warmup`, `decode_steps`: see the module docstring.
+    `warmup`, `decode_steps`: see the module docstring; `attention`: auto | sdpa | flash.
     """
     if prompts and isinstance(prompts[0], str):
         ids = encode(tokenizer, prompts, add_special_tokens)
@@ -271,7 +272,7 @@ def generate(
             decode_steps=decode_steps,
         )
 
-    with kv_attention(model, score_chunk=score_chunk):
+    with kv_attention(model, score_chunk=score_chunk, backend=attention):
         if warmup:
             run(batches[0])  # untimed, not counted
         t0 = time.perf_counter()

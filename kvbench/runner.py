@@ -191,6 +191,7 @@ def execute(
         progress=True,
         budget=budget,
         warmup=cfg.gen.warmup,
+        attention=cfg.gen.attention,
     )
     rows, metrics = predictions(task, samples, ids, out, lm, cfg.output.save_prompt_ids)
     record.update(

@@ -31,6 +31,7 @@ BAD = {
     "search.candidates=[]": "search.candidates",
     "search.candidates=[0,4]": "search.candidates",
     "search.max_batch=true batch_size=4": "batch_size",
+    "gen.attention=xformers": "gen.attention",
     "-m policy=window,batch_max policy.kv_size=64 policy.evict_every=100": "policy.evict_every",
 }
 
@@ -62,6 +63,16 @@ def test_cuda_without_gpu(capsys, tmp_path):
     with pytest.raises(SystemExit) as exc:
         cli.main(["device=cuda", f"results_dir={tmp_path}"])
     assert exc.value.code == 2 and "device" in capsys.readouterr().err
+
+
+def test_flash_needs_cuda_and_the_extra(capsys, tmp_path):
+    from kvbench.attention import flash_available
+
+    if flash_available():
+        pytest.skip("flash-attn is usable here")
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["gen.attention=flash", f"results_dir={tmp_path}"])
+    assert exc.value.code == 2 and "gen.attention" in capsys.readouterr().err
 
 
 def test_subprocess_has_no_traceback(tmp_path):
