@@ -72,6 +72,7 @@ class ReproduceConfig:
 
     ed_kv_size: int = 2  # ED's |kv|: the decoding-only throughput bound and its first OOM batch b0
     kv_sizes: list[int] = field(default_factory=lambda: list(range(128, 3584 + 1, 128)))  # BM's coarse grid
+    kv_step: int = 128  # if no grid point reaches near_fkv x FKV: go on up in multiples of kv_step
     refine_step: int = 64  # then the kv sizes +-refine_step around the best coarse one
     near_fkv: float = 0.96  # pick (b): best throughput at accuracy >= near_fkv * FKV's ("near FKV")
 

@@ -5,8 +5,11 @@
 2. FKV (full cache) runs at b_ED: the accuracy reference. If it does not fit there, its own search
    picks its batch.
 3. Batch-Max (the experiment's policy, p = policy.evict_every) searches its largest batch and runs
-   there, for every kv size of `reproduce.kv_sizes`; then for the kv sizes `reproduce.refine_step`
-   around the best coarse one.
+   there, for every kv size of `reproduce.kv_sizes`. If none reaches `near_fkv` x FKV's metric (the
+   grid was too short for this task), it goes on up in multiples of `reproduce.kv_step`: doubling
+   until one does (at most up to the longest prompt + new tokens, where Batch-Max keeps everything),
+   then bisecting down to the smallest multiple that does. Last, the kv sizes `reproduce.refine_step`
+   around the best one so far.
 4. Picks, as in the paper's two Batch-Max rows: (a) the fastest run with a metric >= FKV's,
    (b) the fastest with a metric >= `reproduce.near_fkv` x FKV's.
 
@@ -49,6 +52,50 @@ def pick(points: list[Point], floor: float) -> Point | None:
     return max(ok, key=lambda p: (p.tok_s, -p.batch_size)) if ok else None
 
 
+def search_kv_sizes(bm, kv_sizes: list[int], fkv: float, near: float, step: int, refine_step: int,
+                    cap: int, min_kv: int) -> dict[int, Point | None]:
+    """Batch-Max's kv sizes to run, each run once through `bm(kv) -> Point | None`; returns them all.
+
+    The coarse grid first. If no point reaches `near` x `fkv`, extend in multiples of `step`: double
+    from the largest tried until one reaches it (the last try is `cap` rounded up to `step`: there
+    Batch-Max evicts nothing and equals the full cache), then bisect between the last miss and the
+    first hit, assuming accuracy grows with kv (throughput falls with it, so the smallest kv that
+    reaches the level is the one wanted). Last, +-`refine_step` around the best point: the fastest
+    at FKV's level, else the fastest near it, else the largest kv.
+    """
+    tried: dict[int, Point | None] = {}
+
+    def run(kv: int) -> bool:
+        if kv not in tried:
+            tried[kv] = bm(kv)
+        pt = tried[kv]
+        return pt is not None and pt.metric >= near * fkv
+
+    hits = [kv for kv in kv_sizes if run(kv)]
+    if not hits and kv_sizes:
+        top = -(-cap // step) * step
+        lo, hi = max(kv_sizes), None
+        while hi is None and lo < top:
+            kv = min(-(-2 * lo // step) * step, top)
+            if run(kv):
+                hi = kv
+            else:
+                lo = kv
+        while hi is not None and hi - lo > step:
+            mid = lo + (hi - lo) // step // 2 * step
+            if run(mid):
+                hi = mid
+            else:
+                lo = mid
+    points = [pt for pt in tried.values() if pt]
+    centre = pick(points, fkv) or pick(points, near * fkv)
+    centre_kv = centre.kv_size if centre else max(tried)
+    for kv in (centre_kv - refine_step, centre_kv + refine_step):
+        if kv > min_kv and kv not in tried:
+            tried[kv] = bm(kv)
+    return tried
+
+
 class Driver:
     def __init__(self, overrides: list[str]):
         self.base = list(overrides)
@@ -71,6 +118,8 @@ class Driver:
         cfg = self.compose()
         metric = build_task(cfg).metric
         rp = cfg.reproduce
+        if rp.kv_step <= 0 or rp.refine_step <= 0 or not rp.kv_sizes or min(rp.kv_sizes) <= 0:
+            raise SystemExit("kvbench-reproduce: reproduce.kv_sizes, kv_step and refine_step must be positive")
         p = cfg.policy.evict_every
         search = ["search.max_batch=true", "search.only=false"]
 
@@ -88,13 +137,9 @@ class Driver:
         def bm(kv: int) -> Point | None:
             return Point.of(self.run(f"policy.kv_size={kv}", f"policy.evict_every={p}", *search), metric)
 
-        tried = {kv: bm(kv) for kv in rp.kv_sizes}
-        coarse = [pt for pt in tried.values() if pt]
-        centre = pick(coarse, fkv_point.metric) or pick(coarse, rp.near_fkv * fkv_point.metric)
-        centre_kv = centre.kv_size if centre else max(tried)
-        for kv in (centre_kv - rp.refine_step, centre_kv + rp.refine_step):
-            if kv > p and kv not in tried:
-                tried[kv] = bm(kv)
+        longest = max(fkv["prompts"]["tokens_max"], ed["prompts"]["tokens_max"]) + cfg.gen.max_new_tokens
+        tried = search_kv_sizes(bm, list(rp.kv_sizes), fkv_point.metric, rp.near_fkv, rp.kv_step, rp.refine_step,
+                                cap=longest, min_kv=p)
         points = [pt for pt in tried.values() if pt]
         ed_point = Point.of(ed, metric)
         result = {

@@ -44,3 +44,35 @@ def test_driver_bad_override_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         reproduce.main(["experiment=mini_cnndm", "policy.kv_size=0", f"results_dir={tmp_path}"])
     assert e.value.code == 2 and capsys.readouterr().err.count("\n") == 1
+
+
+def _curve(threshold: int, calls: list[int]):
+    """A fake Batch-Max run: metric 1 from kv >= threshold on, else 0.5; faster at smaller kv."""
+
+    def bm(kv: int):
+        calls.append(kv)
+        return reproduce.Point("batch_max", kv, 8, 1.0 if kv >= threshold else 0.5, 1000.0 / kv)
+
+    return bm
+
+
+def test_kv_search_extends_a_too_short_grid_to_the_smallest_kv_at_the_level():
+    calls: list[int] = []
+    tried = reproduce.search_kv_sizes(_curve(700, calls), [128, 256, 512], fkv=1.0, near=0.96, step=128,
+                                      refine_step=64, cap=2736, min_kv=64)
+    assert len(calls) == len(set(calls))  # every kv size runs once
+    # grid misses; doubling 512 -> 1024 hits; bisection 768 (hit) -> 640 (miss); refine 704 (hit), 832
+    assert calls == [128, 256, 512, 1024, 768, 640, 704, 832]
+    best = reproduce.pick([p for p in tried.values() if p], 1.0)
+    assert best.kv_size == 704
+
+
+def test_kv_search_stops_at_the_cap_and_keeps_a_hitting_grid():
+    calls: list[int] = []
+    reproduce.search_kv_sizes(_curve(10_000, calls), [128, 256], fkv=1.0, near=0.96, step=128,
+                              refine_step=64, cap=600, min_kv=64)
+    assert calls == [128, 256, 512, 640, 576, 704]  # 640 = the cap rounded up to 128; refine around the largest
+    calls.clear()
+    reproduce.search_kv_sizes(_curve(200, calls), [128, 256, 512], fkv=1.0, near=0.96, step=128,
+                              refine_step=64, cap=2736, min_kv=64)
+    assert calls == [128, 256, 512, 192, 320]  # the grid reaches the level: no extension
