@@ -13,16 +13,14 @@ import sys
 from hydra import compose, initialize_config_dir
 
 from kvbench.config import CONF_DIR
-from kvbench.policies import registry
 from kvbench.runner import run
 
 POLICIES = [
     ["policy=full"],
     ["policy=window", "policy.kv_size=256"],
     ["policy=extreme_decode", "policy.kv_size=2"],
-]
-SCORED = [
     ["policy=h2o", "policy.kv_size=256"],
+    ["policy=tova", "policy.kv_size=256"],
     ["policy=batch_max", "policy.kv_size=256"],
 ]
 TASKS = {
@@ -52,13 +50,11 @@ def table(records: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     extra = list(sys.argv[1:] if argv is None else argv)
     has_data = any(a.startswith("data.dir=") and a.split("=", 1)[1] for a in extra)
-    known = set(registry())
-    policies = POLICIES + [p for p in SCORED if p[0].split("=")[1] in known]
-    tasks = ["passkey"] + (["cnndm"] if has_data and (CONF_DIR / "task" / "cnndm.yaml").exists() else [])
+    tasks = ["passkey"] + (["cnndm"] if has_data else [])
     records = []
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="demo"):
         for task in tasks:
-            for pol in policies:
+            for pol in POLICIES:
                 cfg = compose("config", overrides=["results_dir=results/demo", *TASKS[task], *pol, *extra])
                 records.append(run(cfg))
                 print(table(records[-1:]).splitlines()[-1], flush=True)
