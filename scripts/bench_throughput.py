@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(json.dumps(point), flush=True)
                 points.append(point)
     prompt = round(points[0]["prompt_tokens_mean"] or 0)
-    plot(points, Path(a.plot), f"{a.model}, CPU, {a.task}: {a.n_samples} prompts of ~{prompt} tokens, "
+    plot(points, Path(a.plot), f"{a.model}, CPU, {a.task}: {a.n_samples} prompts of ~{prompt} tokens,\n"
                                f"{a.max_new_tokens} new tokens (EOS ignored)")
     print(f"plot: {a.plot}", file=sys.stderr)
 
