@@ -161,6 +161,9 @@ class Table:
             fkv = self.fkv
             if fkv:
                 lines += ["", f"FKV level: {fkv.metric:.3f}; {self.near_fkv:.0%} of it: {self.near_fkv * fkv.metric:.3f}."]
+                if fkv.metric <= 0:
+                    lines[-1] += (" FKV scores 0, so every run meets its level: the picks above"
+                                  " compare throughput only, not accuracy.")
             lines.append("")
         lines += ["All runs:", "", head]
         lines += [line(r.cells()) for r in sorted(self.runs + self.ooms, key=order)]

@@ -141,3 +141,14 @@ def test_no_runs_is_a_usage_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         report.main([str(tmp_path)])
     assert exc.value.code == 2 and "no runs.jsonl" in capsys.readouterr().err
+
+
+def test_fkv_at_zero_is_flagged(tmp_path):
+    """A model that scores 0 with the full cache makes every eviction run 'reach' it: say so."""
+    for r in [_rec("f", "full", 3, None, 0.0, 20.0, task="gsm8k"),
+              _rec("b", "batch_max", 8, 128, 0.0, 40.0, task="gsm8k")]:
+        append_record(tmp_path, r)
+    report.main([str(tmp_path), "--no-plots"])
+    text = (tmp_path / "tables.md").read_text()
+    assert "| BM ≥ FKV (also ≥ 96% FKV) | 8 | 128 | 0.000 | 40.0 |" in text
+    assert "FKV scores 0, so every run meets its level" in text
