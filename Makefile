@@ -37,7 +37,7 @@ lint: install ## ruff
 clean: ## remove the virtual environment and caches
 	rm -rf $(VENV) .pytest_cache .ruff_cache
 
-reproduce-mini: install ## the paper's protocol at small scale on this CPU (3 tasks, ~1 h): results/mini/
+reproduce-mini: install ## the paper's protocol at small scale on this CPU (3 tasks, ~1 h 45 min on 2 cores): results/mini/
 	for t in cnndm narrativeqa gsm8k; do \
 	  $(BIN)/kvbench-reproduce experiment=mini_$$t $(if $(DATA_DIR),data.dir=$(DATA_DIR)) || exit 1; \
 	done
