@@ -140,7 +140,7 @@ class Table:
             at_fkv = self.fastest([r for r in rows if r.metric >= fkv.metric])
             near = self.fastest([r for r in rows if r.metric >= self.near_fkv * fkv.metric])
             if at_fkv:  # when it is also the near-FKV pick, say so rather than drop that row silently
-                same = " (also ≥ {:.0%} FKV)".format(self.near_fkv) if near == at_fkv else ""
+                same = f" (also ≥ {self.near_fkv:.0%} FKV)" if near == at_fkv else ""
                 out.append((f"{m} ≥ FKV{same}", at_fkv))
             if near and near != at_fkv:
                 out.append((f"{m} ≥ {self.near_fkv:.0%} FKV", near))
