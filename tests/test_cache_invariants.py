@@ -71,7 +71,7 @@ def test_protected_pairs_never_evicted(tiny_llama, policy):
     pol = type(policy)(**{**policy.__dict__, "protect_first": 3, "protect_recent": 5})
     rec = Recorder()
     generate(tiny_llama.model, tiny_llama.tokenizer, PROMPTS, pol, 4, max_new_tokens=20, eos_token_ids=[], observer=rec)
-    for event, n, seen, kept in rec.events:
+    for event, _n, seen, kept in rec.events:
         for layer in kept:
             for b, pos in enumerate(layer):
                 for h in range(pos.shape[0]):
