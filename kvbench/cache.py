@@ -17,12 +17,18 @@ n_b .. n_b + r_b - 1. KV memory is fixed when the cache is built (`capacity` slo
 changes through `resize` (a decode-only policy drops to kv_size slots once it has compressed).
 
 The engine drives it: `begin_forward(r, positions)` before each forward pass (computes write
-slots and the mask once for all layers), `evict(rows, keep, policy)` between forward passes.
+slots and the mask once for all layers), `evict(rows, keep, policy)` between forward passes, and
+`release()` when the batch ends (returns or raises): the tensors go at once, whatever still refers to
+the cache object (a traceback's frames, an observer). The layer views refer to the cache weakly, so a
+cache forms no reference cycle and is freed by reference counting alone, never waiting for the cyclic
+collector; `KVCache.live()` lists the caches still alive without asking the collector.
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -78,8 +84,16 @@ class _LayerView(CacheLayerMixin):
 
     def __init__(self, cache: KVCache, layer_idx: int):
         super().__init__()
-        self.cache, self.layer_idx = cache, layer_idx
+        self._cache = weakref.ref(cache)  # a strong reference would make a cycle: cache.layers -> view -> cache
+        self.layer_idx = layer_idx
         self.is_initialized = True
+
+    @property
+    def cache(self) -> KVCache:
+        cache = self._cache()
+        if cache is None:
+            raise RuntimeError("the KV cache of this layer view no longer exists")
+        return cache
 
     def lazy_initialization(self, key_states, value_states) -> None:  # storage is preallocated
         pass
@@ -99,6 +113,8 @@ class _LayerView(CacheLayerMixin):
 
 class KVCache(Cache):
     """See the module docstring. `layer_devices[l]` is the device of decoder layer l."""
+
+    _live: ClassVar[weakref.WeakSet] = weakref.WeakSet()  # every cache not yet freed (no gc needed to find them)
 
     def __init__(
         self,
@@ -141,6 +157,16 @@ class KVCache(Cache):
         self._steps: dict[torch.device, Step] = {}
         self.step_keys = 0
         super().__init__(layers=[_LayerView(self, i) for i in range(self.num_layers)])
+        KVCache._live.add(self)
+
+    @classmethod
+    def live(cls) -> list[KVCache]:
+        """The caches still alive (referenced from somewhere), released or not."""
+        return list(cls._live)
+
+    def release(self) -> None:
+        """Drop every tensor this cache owns (idempotent); counts and peaks stay readable."""
+        self._groups, self._where, self._steps, self._step_cpu = [], [], {}, None
 
     # ------------------------------------------------------------------ sizes
     @property

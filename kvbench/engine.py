@@ -129,11 +129,20 @@ def generate_batch(
     `decode_steps`: stop after this many decode steps (a probe); the cache is sized for max_new_tokens.
     """
     geometry = geometry or model_geometry(model)
-    dev_in = model.get_input_embeddings().weight.device
     batch = _Batch(model, ids, policy, max_new_tokens, pad_token_id, geometry)
+    try:
+        return _run_batch(model, batch, policy, max_new_tokens, eos_token_ids, pad_token_id, ignore_eos,
+                          prefill_chunk, observer, decode_steps)
+    finally:  # on every path (return, EOS, OOM, interrupt): the cache's tensors go now, not at the next gc
+        batch.cache.release()
+
+
+def _run_batch(model, batch: _Batch, policy: Policy, max_new_tokens, eos_token_ids, pad_token_id, ignore_eos,
+               prefill_chunk, observer, decode_steps) -> tuple[list[list[int]], dict]:
+    dev_in = model.get_input_embeddings().weight.device
     cache = batch.cache
     allocated = cache.allocated_bytes()  # the largest: a cache only shrinks (decode_only resize)
-    B = len(ids)
+    B = len(batch.lengths)
     eos = torch.tensor(list(eos_token_ids), dtype=torch.long, device=dev_in)
     base = model.get_decoder()
 

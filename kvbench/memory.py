@@ -317,7 +317,11 @@ def measured_peaks(devices: list[torch.device]) -> dict[str, int]:
 
 
 def release() -> None:
-    """Free what no longer has a reference: Python cycles (gc), then the CUDA allocator's cache."""
+    """Free what no longer has a reference: Python cycles (gc), then the CUDA allocator's cache.
+
+    kvbench itself leaves no cycle behind (a batch's cache is freed by reference counting when the batch
+    ends); this is for the start of a trial or a run, so that its level does not include others' garbage.
+    """
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -327,9 +331,10 @@ def memory_level(devices: list[torch.device]) -> int:
     """Bytes a finished trial must have given back: allocated CUDA memory, or on CPU the live KV caches.
 
     On CPU the accounted budget refuses a batch before its cache exists, so the caches (the only
-    large allocation that outlives a forward) are what an interrupted trial could leave behind.
+    large allocation that outlives a forward) are what an interrupted trial could leave behind; they are
+    found through `KVCache.live()`, a weak registry. No `gc.collect()` here: a cache that only the
+    cyclic collector could free is a leak, and must show.
     """
-    release()
     if devices:
         return sum(torch.cuda.memory_allocated(d) for d in devices)
-    return sum(o.allocated_bytes() for o in gc.get_objects() if issubclass(type(o), KVCache))
+    return sum(c.allocated_bytes() for c in KVCache.live())

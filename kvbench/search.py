@@ -6,9 +6,11 @@ monotone in the batch size. Each trial is a real probe of the worst case: the b 
 the sample set (cycled when b exceeds it), the cache allocated for the full generation length, the
 prefill and `search.decode_steps` decode steps, under the run's budget (accounted on CPU, the real
 cap on CUDA). On CPU, `search.probe=account` decides a trial from the accounted peak alone without
-running it: the same verdict (the CPU budget is accounted anyway), minutes faster for long prompts. Before every trial memory is released (gc, empty_cache) and its level taken; after an
-out-of-memory trial the level must be back where it was, and a difference is logged and kept in the
-trial as `leaked_bytes`. The result is the paper's pair: the largest batch that fits and the first
+running it: the same verdict (the CPU budget is accounted anyway), minutes faster for long prompts.
+Before every trial memory is released (gc, empty_cache) and its level taken; after an out-of-memory
+trial the level is taken again *without* collecting (the engine frees a batch's cache by reference
+counting when it returns or raises, so a cache only the collector could free is a leak) and must be
+back where it was; a difference is logged and kept in the trial as `leaked_bytes`. The result is the paper's pair: the largest batch that fits and the first
 that does not (b0).
 """
 
@@ -88,6 +90,7 @@ def probe(cfg, lm, policy, ids: list[list[int]], batch_size: int, budget: memory
         prefill_chunk=cfg.gen.prefill_chunk, score_chunk=cfg.gen.score_chunk,
     )
     devices = memory.cuda_devices(lm.model)
+    memory.release()  # a clean start: garbage from before the trial is not part of its level
     before = memory.memory_level(devices)
     memory.reset_peaks(devices)
     status = "ok"
