@@ -189,13 +189,40 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(key, str(cause).splitlines()[0]) from None
 
 
-def identity(cfg: DictConfig) -> dict:
-    """The resolved config minus keys that do not change what a run computes."""
-    c = OmegaConf.to_container(cfg, resolve=True)
-    for k in NON_IDENTITY:
-        c.pop(k, None)
+def device_kind(device: str) -> str:
+    """The kind of device a run resolves to: "cpu" or "cuda" (device=auto resolved on this machine)."""
+    from kvbench.models.base import resolve_device
+
+    return resolve_device(device).type
+
+
+def _identity_of(container: dict, kind: str) -> dict:
+    c = {k: v for k, v in container.items() if k not in NON_IDENTITY}
+    c["device"] = kind  # resolved: a GPU sweep never matches what a CPU run recorded (nor the reverse)
     return c
 
 
+def _hash(identity_: dict) -> str:
+    return hashlib.sha1(json.dumps(identity_, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def identity(cfg: DictConfig) -> dict:
+    """The resolved config minus keys that do not change what a run computes; `device` is the resolved kind."""
+    return _identity_of(OmegaConf.to_container(cfg, resolve=True), device_kind(cfg.device))
+
+
 def config_hash(cfg: DictConfig) -> str:
-    return hashlib.sha1(json.dumps(identity(cfg), sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return _hash(identity(cfg))
+
+
+def record_hash(record: dict) -> str | None:
+    """`config_hash` recomputed from a stored record: its `config` and the `device` it ran on.
+
+    Equal to the record's own `config_hash` for records written since the hash uses the resolved
+    device kind; for older ones (written when `device=auto` was hashed as "auto") it gives what the
+    same run hashes to now, so skip_existing still finds them. None when the record lacks the fields.
+    """
+    c, dev = record.get("config"), record.get("device")
+    if not isinstance(c, dict) or not isinstance(dev, str) or not dev:
+        return None
+    return _hash(_identity_of(c, dev.split(":")[0]))

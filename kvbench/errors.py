@@ -14,4 +14,12 @@ class ConfigError(ValueError):
 
 
 class OutOfMemory(RuntimeError):
-    """A run needed more memory than the budget allows (accounted on CPU, real on CUDA)."""
+    """A run needed more memory than the budget allows (accounted on CPU, real on CUDA).
+
+    `kind`: "accounted" (kvbench's CPU budget refused it: deterministic, final) or "measured" (an
+    allocator really ran out: possibly transient, retried once by skip_existing); None: not known.
+    """
+
+    def __init__(self, message: str = "", kind: str | None = None):
+        super().__init__(message)
+        self.kind = kind

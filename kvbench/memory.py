@@ -245,7 +245,7 @@ class BudgetExceeded(OutOfMemory):
     """A batch's accounted peak is over the CPU budget (raised before anything is allocated)."""
 
     def __init__(self, message: str, account: Account):
-        super().__init__(message)
+        super().__init__(message, kind="accounted")
         self.account = account
 
 
@@ -300,6 +300,16 @@ def is_oom(e: BaseException) -> bool:
     return isinstance(e, (OutOfMemory, torch.cuda.OutOfMemoryError)) or "out of memory" in text or (
         "can't allocate memory" in text
     )
+
+
+OOM_KINDS = ("accounted", "measured")
+
+
+def oom_kind(e: BaseException) -> str:
+    """How an out-of-memory was decided: "accounted" (the CPU budget's account: deterministic, final)
+    or "measured" (an allocator, CUDA's or the CPU's, really ran out: may be transient)."""
+    kind = getattr(e, "kind", None)
+    return kind if kind in OOM_KINDS else "measured"
 
 
 def cuda_devices(model) -> list[torch.device]:

@@ -65,8 +65,20 @@ def read_jsonl(path: str | Path) -> list[dict]:
 
 
 def finished(results_dir: str | Path, config_hash: str) -> dict | None:
-    """The record of a run with this identity that ended ok or oom, if any (for skip_existing)."""
-    for rec in reversed(read_records(results_dir)):
-        if rec.get("config_hash") == config_hash and rec.get("status") in ("ok", "oom"):
+    """The record that makes a skip_existing run of this identity skip, or None (run it).
+
+    Final: an "ok" record, or an "oom" one decided by the account (`oom_kind: "accounted"`; an oom
+    record without `oom_kind`, written before the field existed, counts as accounted). A measured
+    oom (`oom_kind: "measured"`, an allocator's, e.g. CUDA's: may be transient) is retried once: it
+    is final only once the identity has two of them. Records match on `config_hash` or, for records
+    written before the hash used the resolved device kind, on the hash recomputed from their config.
+    """
+    from kvbench.config import record_hash
+
+    same = [r for r in read_records(results_dir) if r.get("config_hash") == config_hash or record_hash(r) == config_hash]
+    measured = sum(1 for r in same if r.get("status") == "oom" and r.get("oom_kind") == "measured")
+    for rec in reversed(same):
+        status, kind = rec.get("status"), rec.get("oom_kind")
+        if status == "ok" or (status == "oom" and (kind != "measured" or measured >= 2)):
             return rec
     return None

@@ -104,6 +104,7 @@ def new_record(cfg: DictConfig, policy, task) -> dict:
         "git_sha": git_sha(),
         "status": "error",
         "error": None,
+        "oom_kind": None,  # with status oom: "accounted" (final) or "measured" (retried once by skip_existing)
         "experiment": cfg.experiment_name,
         "model": cfg.model.name,
         "task": task.name,
@@ -213,7 +214,8 @@ def find_batch_size(cfg: DictConfig, record: dict, lm: LoadedModel, policy, ids,
     result = search.max_batch(cfg, lm, policy, ids, budget)
     record.update(search=result.to_record(), batch_size=result.max_batch_size)
     if result.max_batch_size is None:
-        raise OutOfMemory(f"search: not even batch size {result.first_oom_batch_size} fits")
+        kind = result.trials[-1].oom_kind  # the smallest candidate's trial (the search stops there)
+        raise OutOfMemory(f"search: not even batch size {result.first_oom_batch_size} fits", kind=kind)
     best = next(t for t in result.trials if t.batch_size == result.max_batch_size)  # a search.only record's peak;
     record.update(peak_mem_bytes=best.peak_mem_bytes, accounted_mem_bytes=best.accounted_mem_bytes)  # a run's replaces it
     return result.max_batch_size
@@ -227,7 +229,7 @@ def run(cfg: DictConfig, lm: LoadedModel | None = None) -> dict:
     if cfg.skip_existing:
         done = results.finished(cfg.results_dir, record["config_hash"])
         if done is not None:
-            log.info("skip: %s already recorded as %s (%s)", record["config_hash"], done["status"], done["run_id"])
+            log.info("skip: %s already recorded as %s (%s)", record["config_hash"], done["status"], done.get("run_id"))
             return done
     record["extensions"] = policy.describe()["extensions"]
     budget = memory.budget_of(cfg)
@@ -258,6 +260,7 @@ def run(cfg: DictConfig, lm: LoadedModel | None = None) -> dict:
         raise
     except Exception as e:  # recorded, never lost; the caller decides whether to re-raise
         record["status"] = "oom" if is_oom(e) else "error"
+        record["oom_kind"] = memory.oom_kind(e) if record["status"] == "oom" else None
         record["error"] = f"{type(e).__name__}: {e}"
         record["traceback"] = traceback.format_exc(limit=20)
         if record["status"] == "oom":  # the figure that did not fit: accounted (CPU) or measured (CUDA)

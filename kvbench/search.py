@@ -34,6 +34,7 @@ class Trial:
     peak_mem_bytes: int  # measured on CUDA (max_memory_allocated, all devices), accounted on CPU
     accounted_mem_bytes: int
     leaked_bytes: int = 0  # memory not given back after an oom trial (should stay 0)
+    oom_kind: str | None = None  # an oom trial's kind: "accounted" (CPU budget) or "measured" (an allocator's)
 
 
 @dataclass
@@ -93,14 +94,15 @@ def probe(cfg, lm, policy, ids: list[list[int]], batch_size: int, budget: memory
     memory.release()  # a clean start: garbage from before the trial is not part of its level
     before = memory.memory_level(devices)
     memory.reset_peaks(devices)
-    status = "ok"
+    status, kind = "ok", None
     if cfg.search.probe == "account":
         try:
             if budget is not None:
                 budget.admit(acc)
         except memory.BudgetExceeded:
             status = "oom"
-        return Trial(batch_size=batch_size, status=status, peak_mem_bytes=acc.total, accounted_mem_bytes=acc.total)
+        return Trial(batch_size=batch_size, status=status, peak_mem_bytes=acc.total, accounted_mem_bytes=acc.total,
+                     oom_kind="accounted" if status == "oom" else None)
     try:
         engine.generate(
             lm.model, lm.tokenizer, prompts, policy, batch_size,
@@ -111,9 +113,10 @@ def probe(cfg, lm, policy, ids: list[list[int]], batch_size: int, budget: memory
     except Exception as e:
         if not memory.is_oom(e):
             raise
-        status = "oom"  # leaving this block drops the traceback, and with it the trial's tensors
+        status, kind = "oom", memory.oom_kind(e)  # leaving this block drops the traceback (and its frames)
     peak = sum(memory.measured_peaks(devices).values()) if devices else acc.total
-    trial = Trial(batch_size=batch_size, status=status, peak_mem_bytes=peak, accounted_mem_bytes=acc.total)
+    trial = Trial(batch_size=batch_size, status=status, peak_mem_bytes=peak, accounted_mem_bytes=acc.total,
+                  oom_kind=kind)
     if status == "oom":
         trial.leaked_bytes = memory.memory_level(devices) - before
         if trial.leaked_bytes:
