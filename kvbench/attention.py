@@ -138,8 +138,9 @@ def kvbench_attention(module, query, key, value, attention_mask, scaling=None, d
     step = cache.step_on(query.device)
     out = (_flash if _state["backend"] == "flash" else _sdpa)(query, key, value, step, scaling)  # (B, Hq, T, D)
     if cache.track_attention:
-        w_sum, w_last = attention_stats(query, key, step, scaling, _state["score_chunk"])
-        cache.accumulate(module.layer_idx, w_sum, w_last)
+        with cache.timer("attn_stats", (query.device,)):
+            w_sum, w_last = attention_stats(query, key, step, scaling, _state["score_chunk"])
+            cache.accumulate(module.layer_idx, w_sum, w_last)
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -34,6 +34,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from kvbench.policies.base import Policy, ScoreStats
+from kvbench.timing import SectionTimer
 
 INF = float("inf")
 
@@ -156,6 +157,8 @@ class KVCache(Cache):
         self._step_cpu: dict | None = None
         self._steps: dict[torch.device, Step] = {}
         self.step_keys = 0
+        self.devices = [g.device for g in self._groups]
+        self.timer = SectionTimer()  # "evict" (engine) and "attn_stats" (kvbench.attention) sections
         super().__init__(layers=[_LayerView(self, i) for i in range(self.num_layers)])
         KVCache._live.add(self)
 
@@ -316,6 +319,36 @@ class KVCache(Cache):
         n_rows = self.n[rows]
         if int(n_rows.min()) <= keep:
             raise RuntimeError("evict called on a sample that does not hold more than `keep` pairs")
+        if policy.keeps_newest:
+            self._keep_newest(rows, keep, policy.protect_first)
+        else:
+            self._keep_top_scored(rows, n_rows, keep, policy)
+        self.n = torch.where(rows, torch.full_like(self.n, keep), self.n)
+        self.evictions += 1
+
+    def _keep_newest(self, rows: torch.Tensor, keep: int, sinks: int) -> None:
+        """Keep slots [0, sinks) and the newest `keep - sinks` slots of every row, by slicing.
+
+        The same pairs the generic path keeps for a score that is the position (slots are in position
+        order, the first `sinks` positions are the first slots), with no score, sort or gather: rows that
+        hold the same count c move slots [c - recent, c) to [sinks, keep) in one copy per tensor (K/V
+        `gather_layers` layers at a time when source and target overlap, as the generic gather does).
+        """
+        recent = keep - sinks
+        for c in torch.unique(self.n[rows]).tolist():  # usually one count (all rows full); no device sync
+            part = rows & (self.n == c)
+            every = bool(part.all())
+            overlap = c - recent < keep  # source and target slots overlap: copy through a temporary
+            for g in self._groups:
+                sel = slice(None) if every else part.nonzero()[:, 0].to(g.device)
+                for x in g.tensors().values():  # (L, B, H, C+1[, D])
+                    step = self.gather_layers if x.dim() == 5 else len(g.layers)
+                    for l0 in range(0, len(g.layers), step):
+                        src = x[l0 : l0 + step, sel, :, c - recent : c]  # a copy already when sel indexes rows
+                        x[l0 : l0 + step, sel, :, sinks:keep] = src.clone() if every and overlap else src
+
+    def _keep_top_scored(self, rows: torch.Tensor, n_rows: torch.Tensor, keep: int, policy: Policy) -> None:
+        """The generic eviction: score, stable sort, gather the kept pairs back in position order."""
         N = int(n_rows.max())
         all_rows = bool(rows.all())
         last = self.seen[rows] - 1
@@ -341,8 +374,6 @@ class KVCache(Cache):
                 idx = kept[l0:l1, ..., None].expand(-1, -1, -1, -1, D)
                 for x in (g.k, g.v):
                     x[l0:l1, sel, :, :keep] = x[l0:l1, sel, :, :N].gather(3, idx)
-        self.n = torch.where(rows, torch.full_like(self.n, keep), self.n)
-        self.evictions += 1
 
     def resize(self, capacity: int) -> None:
         """Reallocate every group to `capacity` slots (must hold every sample's pairs), freeing the rest."""

@@ -12,7 +12,9 @@ allocated. `decode_steps` stops a batch early (a memory probe: the cache is stil
 `max_new_tokens`); `warmup` runs the first batch once, untimed, before the timed ones.
 
 Timings: `prefill_s` covers the prompt forwards and their evictions, `decode_s` the rest; CUDA is
-synchronised at each boundary. EOS handling matches `model.generate`: a finished sample keeps
+synchronised at each boundary. Inside them, `evict_s` (evictions, decode_only's resize) and
+`attn_stats_s` (attention statistics of scored policies) are timed by `kvbench.timing` (CUDA events,
+read after the final synchronisation: timing them adds no synchronisation to the loop). EOS handling matches `model.generate`: a finished sample keeps
 running on pad tokens until the batch ends; with `ignore_eos` every sample generates
 `max_new_tokens` tokens (the paper's protocol).
 """
@@ -41,6 +43,8 @@ class GenerationOutput:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     wall_s: float = 0.0
+    evict_s: float = 0.0  # inside evictions (and decode_only's resize), prefill and decode (kvbench.timing)
+    attn_stats_s: float = 0.0  # recomputing attention weights and accumulating them (scored policies only)
     generated_tokens: int = 0  # tokens the batches produced (finished samples' pad steps excluded)
     peak_kv_bytes: int = 0  # most KV bytes held at once (kept pairs)
     kv_allocated_bytes: int = 0  # largest cache allocation (slots, positions, statistics)
@@ -102,9 +106,10 @@ def _evict_if_needed(cache: KVCache, r: torch.Tensor, policy: Policy, prefill: b
     rows = rows_to_evict(cache.n, r, policy, prefill)
     if rows is None:
         return
-    cache.evict(rows, policy.keep_after_evict, policy)
-    if not prefill and cache.capacity > policy.kv_size and int(cache.n.max()) < policy.kv_size:
-        cache.resize(policy.kv_size)  # decode_only: the prompt is compressed, give the memory back
+    with cache.timer("evict", cache.devices):
+        cache.evict(rows, policy.keep_after_evict, policy)
+        if not prefill and cache.capacity > policy.kv_size and int(cache.n.max()) < policy.kv_size:
+            cache.resize(policy.kv_size)  # decode_only: the prompt is compressed, give the memory back
     if observer:
         observer("evict", cache)
 
@@ -204,9 +209,12 @@ def _run_batch(model, batch: _Batch, policy: Policy, max_new_tokens, eos_token_i
         keep = torch.stack(alive, dim=1).cpu()
         result = [tokens[b][keep[b]].tolist() for b in range(B)]
         generated = int(keep.sum())
+    sections = cache.timer.totals()  # after the final sync: CUDA events are read without stalling the loop
     stats = dict(
         prefill_s=t1 - t0,
         decode_s=t2 - t1,
+        evict_s=sections.get("evict", 0.0),
+        attn_stats_s=sections.get("attn_stats", 0.0),
         generated_tokens=generated,
         peak_kv_bytes=cache.peak_kv_bytes,
         kv_allocated_bytes=allocated,
@@ -290,6 +298,8 @@ def generate(
             out.token_ids += tokens
             out.prefill_s += stats["prefill_s"]
             out.decode_s += stats["decode_s"]
+            out.evict_s += stats["evict_s"]
+            out.attn_stats_s += stats["attn_stats_s"]
             out.generated_tokens += stats["generated_tokens"]
             out.peak_kv_bytes = max(out.peak_kv_bytes, stats["peak_kv_bytes"])
             out.kv_allocated_bytes = max(out.kv_allocated_bytes, stats["kv_allocated_bytes"])

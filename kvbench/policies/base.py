@@ -6,7 +6,9 @@ position order, protected pairs) lives once in `kvbench.cache.KVCache.evict` and
 
 Phase flags instead of type checks: the engine asks `evicts_in_prefill` / `evicts_in_decode`,
 `needs_attention` (collect attention statistics while running) and `capacity(...)` (how many
-slots to preallocate), never `isinstance`.
+slots to preallocate), never `isinstance`. `keeps_newest` says the order of the pairs is known
+without scores (the score is the position): the cache then keeps the `protect_first` sinks and the
+newest pairs by slicing, with no score, sort or gather.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ class Policy:
 
     name: ClassVar[str] = "base"
     needs_attention: ClassVar[bool] = False
+    # True: `score` is the position (newer = keep), so an eviction keeps the protect_first sinks and the
+    # newest pairs; KVCache.evict slices them into place instead of scoring, sorting and gathering
+    keeps_newest: ClassVar[bool] = False
 
     def __post_init__(self):
         self.validate()

@@ -23,6 +23,7 @@ class ExtremeDecode(Policy):
     evict_every: int | None = None  # always kv_size - 1
     schedule: str = "decode_only"
     name: ClassVar[str] = "extreme_decode"
+    keeps_newest: ClassVar[bool] = True  # the score below, known without computing it
 
     def validate(self) -> None:
         if self.kv_size is None or not isinstance(self.kv_size, int) or self.kv_size < 2:
