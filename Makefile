@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 # the local dataset mirror, when there is one (used by the demo and the real-task scripts)
 DATA_DIR ?= $(wildcard ../shared/data)
 
-.PHONY: help install test test-slow demo lint reproduce-mini clean
+.PHONY: help install test test-slow demo lint reproduce-mini clean gpu-check
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -33,6 +33,9 @@ test-slow: install ## the slower tests on the real default model
 
 demo: install ## a small comparison of the policies on the default model (prints a table)
 	$(BIN)/python -m kvbench.demo $(if $(DATA_DIR),data.dir=$(DATA_DIR))
+
+gpu-check: install ## on a CUDA machine: GPU acceptance checks, one JSON line each (<15 min); no GPU: exit 77 (skipped)
+	@$(BIN)/python scripts/gpu_check.py
 
 lint: install ## ruff
 	$(BIN)/ruff check kvbench tests scripts

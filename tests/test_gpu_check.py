@@ -1,0 +1,124 @@
+"""scripts/gpu_check.py (`make gpu-check`) on a machine without CUDA: its checks are pure functions of
+measured numbers, tested here on made-up figures; the JSON lines parse; and without a GPU it prints
+one line and exits 77 (skipped), which `make` reports as a failure ("Error 77"), never success."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "gpu_check.py"
+
+
+@pytest.fixture(scope="module")
+def gc_mod():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_compare_tokens(gc_mod):
+    same = gc_mod.compare_tokens([[1, 2, 3], [4, 5]], [[1, 2, 3], [4, 5]], None, 0.05)
+    assert same == {"ok": True, "exact": True, "diverged": []}
+    margins = [[3.0, 2.0, 0.01], [1.0, 0.02]]
+    tie = gc_mod.compare_tokens([[1, 2, 9], [4, 5]], [[1, 2, 3], [4, 5]], margins, 0.05)
+    assert tie["ok"] and not tie["exact"] and tie["diverged"] == [
+        {"sample": 0, "step": 2, "ref_margin": 0.01, "near_tie": True}]
+    wrong = gc_mod.compare_tokens([[1, 7, 3], [4, 5]], [[1, 2, 3], [4, 5]], margins, 0.05)
+    assert not wrong["ok"] and wrong["diverged"][0]["step"] == 1 and not wrong["diverged"][0]["near_tie"]
+    assert not gc_mod.compare_tokens([[1, 7]], [[1, 2]], None, 0.05)["ok"]  # no margins: only exact passes
+    shorter = gc_mod.compare_tokens([[1, 2]], [[1, 2, 3]], [[5.0, 5.0, 5.0]], 0.05)  # stopped early, no tie
+    assert not shorter["ok"] and shorter["diverged"][0]["step"] == 2
+    with pytest.raises(ValueError):  # a missing sample is an error, not a pass
+        gc_mod.compare_tokens([[1]], [[1], [2]], None, 0.05)
+
+
+@pytest.mark.parametrize("measured, ok", [(1000, True), (1099, True), (901, True), (1101, False), (899, False)])
+def test_memory_ratio(gc_mod, measured, ok):
+    r = gc_mod.memory_ratio(accounted=1000, measured=measured, weights=600)
+    assert r["ok"] is ok and r["ratio"] == measured / 1000
+    assert r["transient_ratio"] == round((measured - 600) / 400, 4)
+
+
+def test_search_prediction_and_check(gc_mod):
+    cands = [1, 2, 3, 4, 5, 6, 8, 10, 12]
+    fits = {b: b <= 6 for b in cands}
+    assert gc_mod.predicted_search(cands, fits) == (6, 8)
+    assert gc_mod.predicted_search(cands, {b: False for b in cands}) == (None, 1)
+    assert gc_mod.predicted_search(cands, {b: True for b in cands}) == (12, None)
+    ok = gc_mod.search_check(cands, 5, 6, 6, 8, [0, 0])
+    assert ok["ok"] and (ok["searched"], ok["predicted"]) == (5, 6)
+    assert not gc_mod.search_check(cands, 4, 5, 6, 8, [0])["ok"]  # two candidates below the prediction
+    assert not gc_mod.search_check(cands, 6, 8, 6, 8, [0, 4096])["ok"]  # an oom trial left memory behind
+    assert not gc_mod.search_check(cands, None, 1, 6, 8, [])["ok"]  # nothing fitted
+
+
+def test_runs_and_device_map_checks(gc_mod):
+    assert gc_mod.runs_check(["ok"])["ok"] and not gc_mod.runs_check(["oom"])["ok"] and not gc_mod.runs_check([])["ok"]
+    peaks = {"cuda:0": 10, "cuda:1": 12}
+    assert gc_mod.device_map_check([[1, 2]], [[1, 2]], peaks)["ok"]
+    assert not gc_mod.device_map_check([[1, 2]], [[1, 3]], peaks)["ok"]
+    assert not gc_mod.device_map_check([[1, 2]], [[1, 2]], {"cuda:0": 10})["ok"]  # not split
+    assert not gc_mod.device_map_check([[1, 2]], [[1, 2]], None)["ok"]
+
+
+def test_backends_to_check(gc_mod):
+    from kvbench.attention import BACKENDS
+
+    got = gc_mod.available_backends(BACKENDS, flash_installed=False)
+    assert "auto" not in got and "flash" not in got and "sdpa" in got
+    assert "flash" in gc_mod.available_backends(BACKENDS, flash_installed=True)
+    assert gc_mod.available_backends(["auto", "sdpa", "flash", "eager"], False) == ["sdpa", "eager"]
+    assert not gc_mod.backend_runs("flash", "float32") and gc_mod.backend_runs("flash", "float16")
+    assert gc_mod.backend_runs("sdpa", "float32")
+
+
+def test_split_device_map_covers_a_llama(gc_mod, tiny_llama):
+    from accelerate.utils import check_device_map
+
+    model = tiny_llama.model
+    n = len(model.get_decoder().layers)
+    dm = gc_mod.split_device_map(n, 2, hasattr(model.get_decoder(), "rotary_emb"))
+    check_device_map(model, dm)  # raises if a parameter is not placed
+    layers = [dm[f"model.layers.{i}"] for i in range(n)]
+    assert layers == sorted(layers) and set(layers) == {0, 1} and dm["model.norm"] == 1
+
+
+def test_json_lines_and_summary(gc_mod):
+    rows = [{"check": "parity", "case": "sdpa-float16-b4", "ok": True, "exact": True},
+            {"check": "memory", "case": "full-b16", "ok": False, "ratio": 1.2}]
+    lines = [json.loads(gc_mod.line(**r)) for r in rows]
+    assert lines == rows
+    s = json.loads(gc_mod.summary(rows, 12.345))
+    assert s == {"summary": True, "ok": False, "checks": 2, "passed": 1, "failed": ["memory:full-b16"], "wall_s": 12.3}
+    assert gc_mod.exit_code(rows) == 1 and gc_mod.exit_code(rows[:1]) == 0 and gc_mod.exit_code([]) == 1
+
+
+def _no_cuda_env():
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)}
+
+
+def test_without_cuda_one_line_and_exit_77():
+    p = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, env=_no_cuda_env(), timeout=120)
+    assert p.returncode == 77, p.stderr[-2000:]
+    (only,) = p.stdout.splitlines()
+    got = json.loads(only)
+    assert got["skipped"] is True and "no CUDA GPU" in got["message"]
+
+
+def test_make_gpu_check_fails_with_77(tmp_path):
+    """`make gpu-check` passes the skip on: make cannot exit 77 itself, it exits 2 naming "Error 77"."""
+    stamp = tmp_path / "installed"
+    stamp.touch()  # newer than pyproject.toml: `install` has nothing to do
+    p = subprocess.run(["make", "-s", "-C", str(ROOT), "gpu-check", f"BIN={Path(sys.executable).parent}",
+                        f"STAMP={stamp}"], capture_output=True, text=True, env=_no_cuda_env(), timeout=120)
+    assert p.returncode != 0 and "Error 77" in p.stderr, (p.returncode, p.stderr)
+    assert len(p.stdout.splitlines()) == 1 and json.loads(p.stdout)["skipped"] is True
