@@ -33,6 +33,7 @@ and the 1-minute load average before and after (the machine may be shared).
     python scripts/bench_eviction.py [--batch-size 8] [--prompt-tokens 1024] [--kv-size 256]
                                      [--evict-every 64] [--new-tokens 128] [--repeats 2] [--threads N]
                                      [--policies full,batch_max,window,extreme_decode,extreme_decode_generic]
+                                     [--no-warmup]
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--no-window", action="store_true", help="skip the statistics-free window run")
+    ap.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run (a loaded machine)")
     ap.add_argument("--policies", default="full,batch_max,window,extreme_decode,extreme_decode_generic",
                     help="comma-separated subset of the default list (full is always run)")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
@@ -147,7 +149,8 @@ def main() -> None:
         return generate(lm.model, lm.tokenizer, prompts, policy, B, max_new_tokens=new, ignore_eos=True,
                         observer=timers.observer)
 
-    run(policies.get("batch_max", policies["full"]))  # warm-up
+    if not args.no_warmup:
+        run(policies.get("batch_max", policies["full"]))  # warm-up
     best: dict[str, dict] = {}
     for _ in range(args.repeats):
         for name, policy in policies.items():
