@@ -176,7 +176,8 @@ def _reference(lm, prompts, max_new_tokens):
     for b, p in enumerate(prompts):
         ids[b, s - len(p):] = torch.tensor(p)
         mask[b, s - len(p):] = 1
-    out = lm.model.generate(ids.cuda(), attention_mask=mask.cuda(), max_new_tokens=max_new_tokens, do_sample=False,
+    dev = lm.model.get_input_embeddings().weight.device
+    out = lm.model.generate(ids.to(dev), attention_mask=mask.to(dev), max_new_tokens=max_new_tokens, do_sample=False,
                             eos_token_id=lm.eos_token_ids, pad_token_id=lm.pad_token_id, output_scores=True,
                             return_dict_in_generate=True)
     gen = out.sequences[:, s:].tolist()
@@ -187,24 +188,30 @@ def _reference(lm, prompts, max_new_tokens):
     return cut, margins
 
 
-def check_parity(args) -> list[dict]:
+def parity_cases(lm, prompts, backends: Sequence[str], tie: float, new_tokens: int, label: str) -> list[dict]:
+    """kvbench's full cache vs model.generate at batch 1 and 4 for each backend (any device)."""
     from kvbench import engine
-    from kvbench.attention import BACKENDS, flash_available
     from kvbench.policies import Full
+
+    out = []
+    for backend in backends:
+        for B in (1, 4):
+            ours = engine.generate(lm.model, lm.tokenizer, prompts[:B], Full(), B, max_new_tokens=new_tokens,
+                                   eos_token_ids=lm.eos_token_ids, attention=backend).token_ids
+            ref, margins = _reference(lm, prompts[:B], new_tokens)
+            out.append({"check": "parity", "case": f"{backend}-{label}-b{B}", **compare_tokens(ours, ref, margins, tie)})
+    return out
+
+
+def check_parity(args) -> list[dict]:
+    from kvbench.attention import BACKENDS, flash_available
 
     out = []
     for dtype in ("float16", "float32"):
         lm = _load(dtype)
         prompts = _text_prompts(lm.tokenizer, (300, 181, 257, 96))
-        for backend in available_backends(BACKENDS, flash_available()):
-            if not backend_runs(backend, dtype):
-                continue
-            for B in (1, 4):
-                ours = engine.generate(lm.model, lm.tokenizer, prompts[:B], Full(), B, max_new_tokens=args.new_tokens,
-                                       eos_token_ids=lm.eos_token_ids, attention=backend).token_ids
-                ref, margins = _reference(lm, prompts[:B], args.new_tokens)
-                r = compare_tokens(ours, ref, margins, TIE_MARGIN[dtype])
-                out.append({"check": "parity", "case": f"{backend}-{dtype}-b{B}", **r})
+        backends = [b for b in available_backends(BACKENDS, flash_available()) if backend_runs(b, dtype)]
+        out += parity_cases(lm, prompts, backends, TIE_MARGIN[dtype], args.new_tokens, dtype)
         del lm
     return out
 
@@ -232,11 +239,15 @@ def check_memory(args) -> list[dict]:
     return out
 
 
-def check_search_and_two_batches(args, tmp) -> list[dict]:
+GPU = ("device=cuda", "model.dtype=float16")
+
+
+def check_search_and_two_batches(args, tmp, base: Sequence[str] = GPU) -> list[dict]:
+    """`base`: the model and device overrides (the GPU's; tests run the same glue on a tiny CPU model)."""
     from kvbench import memory, runner, search
     from kvbench.config import build_policy, build_task, search_candidates
 
-    common = ["device=cuda", "model.dtype=float16", "task=passkey", f"task.context_tokens={args.prompt_tokens}",
+    common = [*base, "task=passkey", f"task.context_tokens={args.prompt_tokens}",
               "task.n_samples=8", f"gen.max_new_tokens={args.new_tokens}", "gen.ignore_eos=true",
               "policy=full", "search.candidates=divisors_of_960", "search.max=240", f"results_dir={tmp}"]
     cfg = _compose(*common)

@@ -122,3 +122,26 @@ def test_make_gpu_check_fails_with_77(tmp_path):
                         f"STAMP={stamp}"], capture_output=True, text=True, env=_no_cuda_env(), timeout=120)
     assert p.returncode != 0 and "Error 77" in p.stderr, (p.returncode, p.stderr)
     assert len(p.stdout.splitlines()) == 1 and json.loads(p.stdout)["skipped"] is True
+
+
+# ------------------------------------------------------------------------------------- the glue, on CPU
+def test_parity_glue_on_a_tiny_model(gc_mod, tiny_llama):
+    """The parity glue (left-padded model.generate, EOS cut, margins) runs on any device: on CPU in
+    float64 kvbench's full cache gives exactly model.generate's tokens."""
+    from tests.conftest import random_prompts
+
+    rows = gc_mod.parity_cases(tiny_llama, random_prompts((30, 17, 24, 9)), ["sdpa"], 1e-6, 8, "float64")
+    assert [r["case"] for r in rows] == ["sdpa-float64-b1", "sdpa-float64-b4"]
+    assert all(r["ok"] and r["exact"] for r in rows), rows
+
+
+def test_search_glue_on_a_tiny_model(gc_mod, tmp_path):
+    """The search / two-batches glue on tiny-llama under the CPU's accounted budget: the search finds
+    exactly the accounted prediction, and two batches at that size run."""
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(budget_batch=6, prompt_tokens=48, new_tokens=3)
+    search, two = gc_mod.check_search_and_two_batches(args, tmp_path, base=("model=tiny-llama", "device=cpu"))
+    assert search["check"] == "search" and search["ok"], search
+    assert (search["searched"], search["predicted"], search["searched_b0"]) == (6, 6, 8)
+    assert two == {"check": "two_batches", "batch_size": 6, "ok": True, "statuses": ["ok"]}
