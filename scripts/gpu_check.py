@@ -266,6 +266,15 @@ def check_search_and_two_batches(args, tmp, base: Sequence[str] = GPU) -> list[d
     budget = (accounted(candidates[i]) + accounted(candidates[i + 1])) / 2 / memory.GiB
     fits = {b: accounted(b) <= budget * memory.GiB for b in candidates}
     predicted, predicted_b0 = predicted_search(candidates, fits)
+    try:
+        return _search_and_two_batches(common, lm, budget, candidates, predicted, predicted_b0)
+    finally:
+        memory.apply_cuda_cap(None)  # the later checks run uncapped
+
+
+def _search_and_two_batches(common, lm, budget, candidates, predicted, predicted_b0) -> list[dict]:
+    from kvbench import runner
+
     rec = runner.run(_compose(*common, "search.max_batch=true", "search.only=true", f"memory.budget_gb={budget}"),
                      lm=lm)
     s = rec.get("search") or {}
@@ -280,7 +289,6 @@ def check_search_and_two_batches(args, tmp, base: Sequence[str] = GPU) -> list[d
                                   f"batch_size={b}", f"memory.budget_gb={budget}"), lm=lm)
         statuses = [run["status"]]
     out.append({"check": "two_batches", "batch_size": b, **runs_check(statuses)})
-    memory.apply_cuda_cap(None)
     return out
 
 
