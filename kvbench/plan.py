@@ -123,6 +123,17 @@ def check(cfg: DictConfig) -> None:
 
 
 # ------------------------------------------------------------------------------------------ placement
+def spec_of(cfg: DictConfig, node: Node):
+    """The model of `cfg` without weights (its loader's twin in kvbench.models.SPECS), for where the node runs it."""
+    from kvbench.models import SPECS
+
+    loader = get_method(cfg.model._target_)
+    if loader not in SPECS:
+        raise ConfigError("model", f"{cfg.model._target_} has no weight-free spec for planning", cfg.model.name)
+    args = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if k != "_target_"}
+    return SPECS[loader](**{**args, "device": "cuda" if node.gpu else "cpu"})
+
+
 def placement(model, spec, node: Node) -> dict[str, str]:
     """Module name -> device ("cuda:i" / "cpu") as `from_pretrained(device_map=..., max_memory=...)` would place it."""
     if not node.gpu:
@@ -228,13 +239,7 @@ def plan(cfg: DictConfig) -> dict:
     validate(cfg)
     check(cfg)
     node = node_of(cfg)
-    loader = get_method(cfg.model._target_)
-    from kvbench.models import SPECS
-
-    if loader not in SPECS:
-        raise ConfigError("model", f"{cfg.model._target_} has no weight-free spec for planning", cfg.model.name)
-    args = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if k != "_target_"}
-    spec = SPECS[loader](**{**args, "device": "cuda" if node.gpu else "cpu"})
+    spec = spec_of(cfg, node)
     model = spec.meta_model()
     dmap = placement(model, spec, node)
     shape = placed_shape(model, dmap)
