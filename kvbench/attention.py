@@ -5,10 +5,20 @@ returning None under the same name: the mask is built from the cache, once per f
 `KVCache.begin_forward`). It is active only inside `kv_attention(model)`, on that model, never
 globally: outside the context the model runs its own implementation.
 
-The output comes from SDPA (or flash-attn's kv-cache kernel on CUDA in half precision when the
-`flash` extra is installed: `gen.attention=auto|sdpa|flash`);
-when the policy needs attention statistics, the weights are recomputed separately, in chunks of
-queries, so the extra memory is O(B * H * chunk * N) and the output kernel stays fused.
+Backends (`gen.attention`):
+
+* `sdpa`: the output from SDPA; when the policy needs attention statistics, the weights are
+  recomputed separately (`attention_stats`), in chunks of queries, so the extra memory is
+  O(B * H * chunk * N) and the output kernel stays fused.
+* `flash`: flash-attn's kv-cache kernel (CUDA, half precision, the `flash` extra) + the same
+  separate statistics pass.
+* `eager`: the paper's conditions. transformers' `eager_attention_forward` on kvbench's cache: the
+  (B, Hq, T, N) logits in the model dtype, masked, softmax upcast to float32 and cast back, times V,
+  GQA by repeating K and V; one layer at a time and no query chunking, so the memory and speed are
+  those of a 2024 Hugging Face implementation. The statistics come from those same probabilities.
+* `fused`: output and statistics from ONE set of probabilities per chunk of `score_chunk` queries
+  (no second softmax); policies that need no statistics run SDPA (there is nothing to fuse).
+* `auto`: see `resolve`.
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 NAME = "kvbench"
 SCORE_CHUNK = 64  # queries per chunk when computing attention weights for scores
-BACKENDS = ("auto", "sdpa", "flash")
+BACKENDS = ("auto", "sdpa", "flash", "eager", "fused")
 FLASH_CHECK_TOL = 2e-2  # max |flash - SDPA| accepted on the first flash call of a process
 _state = {"score_chunk": SCORE_CHUNK, "backend": "sdpa", "flash_checked": False}
 
@@ -33,12 +43,23 @@ def flash_available() -> bool:
     return torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
 
 
-def resolve_backend(backend: str, model) -> str:
-    """auto: flash-attn when installed, on CUDA, in half precision; else SDPA."""
+def resolve(backend: str, *, device_type: str, dtype: torch.dtype, needs_attention: bool) -> str:
+    """The backend a run really uses (what its record and the memory account name).
+
+    auto: flash-attn when installed, on CUDA, in half precision; else SDPA. `fused` for a policy that
+    needs no statistics is SDPA (there is nothing to fuse).
+    """
     if backend == "auto":
-        half = model.dtype in (torch.float16, torch.bfloat16)
-        return "flash" if flash_available() and half and model.device.type == "cuda" else "sdpa"
+        half = dtype in (torch.float16, torch.bfloat16)
+        return "flash" if flash_available() and half and device_type == "cuda" else "sdpa"
+    if backend == "fused" and not needs_attention:
+        return "sdpa"
     return backend
+
+
+def resolve_backend(backend: str, model, needs_attention: bool = False) -> str:
+    """`resolve` for a loaded model."""
+    return resolve(backend, device_type=model.device.type, dtype=model.dtype, needs_attention=needs_attention)
 
 
 def _sdpa(query, key, value, step, scaling):
@@ -130,17 +151,129 @@ def attention_stats(query, key, step, scaling: float, chunk: int) -> tuple[torch
     return w_sum.float(), w_last.float()
 
 
+def _keep_mask(step, T: int, N: int, device) -> torch.Tensor | None:
+    """(B or 1, 1, T, N) bool: which keys each query may see; None when it sees all of them."""
+    if step.mask is not None:
+        return step.mask
+    if step.causal:  # a first block of T == N real tokens per sample
+        return torch.ones(T, N, dtype=torch.bool, device=device).tril(N - T)[None, None]
+    return None
+
+
+def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """transformers' repeat_kv: (B, H_kv, N, D) -> (B, H_kv * groups, N, D), a copy when groups > 1."""
+    if groups == 1:
+        return x
+    B, H, N, D = x.shape
+    return x[:, :, None].expand(B, H, groups, N, D).reshape(B, H * groups, N, D)
+
+
+def _stats_from_probs(p: torch.Tensor, step, kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(w_sum, w_last), both (B, H_kv, N) float32, from probabilities p (B, Hq, T, N) (pad rows zeroed in place).
+
+    p may be a (B, H_kv, G * T, N) folded view too: it is read as (B, H_kv, G, T, N).
+    """
+    B, N = p.shape[0], p.shape[-1]
+    T = step.real.shape[1]
+    p5 = p.reshape(B, kv_heads, -1, T, N)  # (B, H, G, T, N), a view
+    if not step.all_real:  # pad queries give no weight (their outputs are discarded anyway)
+        p5.masked_fill_(~step.real[:, None, None, :, None], 0.0)
+    acc = torch.promote_types(p.dtype, torch.float32)
+    w_sum = p5.sum(dim=3, dtype=acc).mean(dim=2)  # (B, H, N)
+    w_last = p5[:, :, :, -1].mean(dim=2, dtype=acc) if T > 1 else w_sum  # the newest query's row
+    return w_sum.float(), w_last.float()
+
+
+def _eager(query, key, value, step, scaling, track: bool):
+    """transformers' `eager_attention_forward` (models/llama/modeling_llama.py, 5.x) on kvbench's cache.
+
+    query (B, Hq, T, D), key/value (B, H_kv, N, D). Returns the output (B, T, Hq, D) and, when `track`,
+    the statistics from the very probabilities the output was computed with. Transient (per element
+    of (B, Hq, T, N), e = model dtype bytes): the logits and their scaled copy (2e), the masked copy
+    while the scaled one is alive (2e), softmax in float32 (+4 for its float32 copy of the input
+    unless e = 4, +4 output), the cast back (e, the float32 weights still alive); plus repeat_kv's
+    copies of K and V, 2 * B * Hq * N * D * e when Hq > H_kv.
+    """
+    B, Hq, T, _ = query.shape
+    H, N = key.shape[1], key.shape[2]
+    key_states = _repeat_kv(key, Hq // H)  # (B, Hq, N, D)
+    value_states = _repeat_kv(value, Hq // H)
+    w = torch.matmul(query, key_states.transpose(2, 3)) * scaling  # (B, Hq, T, N) model dtype
+    keep = _keep_mask(step, T, N, query.device)
+    if keep is not None:  # transformers adds a (B, 1, T, N) mask of 0 / dtype-min: the same values
+        w = torch.where(keep, w, torch.finfo(w.dtype).min)
+    w = F.softmax(w, dim=-1, dtype=torch.float32).to(query.dtype)  # (B, Hq, T, N)
+    out = torch.matmul(w, value_states)  # (B, Hq, T, D)
+    del key_states, value_states
+    stats = _stats_from_probs(w, step, H) if track else None
+    del w
+    return out.transpose(1, 2).contiguous(), stats
+
+
+def _fused(query, key, value, step, scaling, chunk: int):
+    """Output and statistics from one set of probabilities per chunk of `chunk` queries (no second pass).
+
+    Like `attention_stats`, the G query heads of a KV group and the chunk's queries are folded into
+    one (B, H_kv, G * tc, D) matrix (no copy of K or V per query head); logits in the model dtype,
+    masked in place, softmax in float32 (float64 for float64 models), cast to the model dtype for the
+    product with V. Returns the output (B, T, Hq, D) and (w_sum, w_last).
+    """
+    B, Hq, T, D = query.shape
+    H, N = key.shape[1], key.shape[2]
+    G = Hq // H
+    acc = torch.promote_types(query.dtype, torch.float32)
+    kt = key.transpose(-1, -2)  # (B, H, D, N), a view
+    out = torch.empty(B, T, Hq, D, dtype=query.dtype, device=query.device)  # what the layer wants
+    keep = _keep_mask(step, T, N, query.device)
+    w_sum = torch.zeros(B, H, N, dtype=acc, device=query.device)
+    w_last = None
+    for t0 in range(0, T, chunk):
+        t1 = min(T, t0 + chunk)
+        tc = t1 - t0
+        q = (query[:, :, t0:t1] * scaling).reshape(B, H, G * tc, D)  # (B, H, G*tc, D), heads of a group adjacent
+        s = torch.matmul(q, kt)  # (B, H, G*tc, N) model dtype
+        del q
+        if s.dtype != acc:
+            s = s.to(acc)
+        if keep is not None:
+            s.view(B, H, G, tc, N).masked_fill_(~keep[:, :, None, t0:t1], float("-inf"))
+        p = torch.softmax(s, dim=-1)  # slot 0 is never masked, so no row is empty
+        del s
+        pv = p if p.dtype == value.dtype else p.to(value.dtype)
+        o = torch.matmul(pv, value)  # (B, H, G*tc, D)
+        del pv
+        out[:, t0:t1] = o.view(B, Hq, tc, D).transpose(1, 2)
+        del o
+        p5 = p.view(B, H, G, tc, N)
+        if t1 == T and T > 1:
+            w_last = p5[:, :, :, -1].mean(dim=2)  # (B, H, N): the newest query's row, group mean
+        if not step.all_real:
+            p5.masked_fill_(~step.real[:, None, None, t0:t1, None], 0.0)  # pad queries give no weight
+        w_sum += p5.sum(dim=3).mean(dim=2)
+        del p, p5
+    if w_last is None:  # one query: its row is the sum
+        w_last = w_sum
+    return out, (w_sum.float(), w_last.float())
+
+
 def kvbench_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """AttentionInterface entry: query (B, Hq, T, D), key/value (B, H_kv, N, D) = the cache's kept pairs."""
     cache = kwargs.get("kvbench_cache")
     if cache is None:  # called outside kvbench's engine: behave like SDPA
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     step = cache.step_on(query.device)
-    out = (_flash if _state["backend"] == "flash" else _sdpa)(query, key, value, step, scaling)  # (B, Hq, T, D)
-    if cache.track_attention:
-        w_sum, w_last = attention_stats(query, key, step, scaling, _state["score_chunk"])
-        cache.accumulate(module.layer_idx, w_sum, w_last)
-    return out.transpose(1, 2).contiguous(), None
+    backend, track = _state["backend"], cache.track_attention
+    if backend == "eager":
+        out, stats = _eager(query, key, value, step, scaling, track)
+    elif backend == "fused" and track:
+        out, stats = _fused(query, key, value, step, scaling, _state["score_chunk"])
+    else:
+        out = (_flash if backend == "flash" else _sdpa)(query, key, value, step, scaling)  # (B, Hq, T, D)
+        out = out.transpose(1, 2).contiguous()
+        stats = attention_stats(query, key, step, scaling, _state["score_chunk"]) if track else None
+    if stats is not None:
+        cache.accumulate(module.layer_idx, *stats)
+    return out, None
 
 
 def _no_mask(*args, **kwargs):
@@ -155,12 +288,12 @@ def register() -> None:
 
 
 @contextlib.contextmanager
-def kv_attention(model, score_chunk: int = SCORE_CHUNK, backend: str = "auto"):
+def kv_attention(model, score_chunk: int = SCORE_CHUNK, backend: str = "auto", needs_attention: bool = False):
     """Run `model` with kvbench's attention inside the block; restore its implementation after."""
     register()
     previous = model.config._attn_implementation
     _state["score_chunk"] = score_chunk
-    _state["backend"] = resolve_backend(backend, model)
+    _state["backend"] = resolve_backend(backend, model, needs_attention)
     model.set_attn_implementation(NAME)
     try:
         yield model

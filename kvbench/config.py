@@ -37,7 +37,7 @@ class GenConfig:
     ignore_eos: bool = False
     prefill_chunk: int | None = None  # default: whole prompt (no prefill eviction) or evict_every
     score_chunk: int = 64  # queries per chunk when computing attention weights for scores
-    attention: str = "auto"  # auto (flash-attn on CUDA in half precision when installed, else SDPA) | sdpa | flash
+    attention: str = "auto"  # auto | sdpa | flash | eager (the paper's: transformers' eager path) | fused (kvbench.attention)
     warmup: bool = False  # run one untimed batch first
 
 

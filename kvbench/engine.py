@@ -27,7 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from kvbench import memory
-from kvbench.attention import SCORE_CHUNK, kv_attention
+from kvbench.attention import SCORE_CHUNK, kv_attention, resolve_backend
 from kvbench.cache import KVCache
 from kvbench.policies.base import Policy
 from kvbench.schedule import prefill_plan, rows_to_evict
@@ -47,6 +47,7 @@ class GenerationOutput:
     accounted: memory.Account | None = None  # the largest accounted peak of a batch
     batches: int = 0
     prompt_tokens: list[int] = field(default_factory=list)
+    attention: str = ""  # the attention backend really used (kvbench.attention.resolve)
 
     @property
     def throughput_tok_s(self) -> float:
@@ -233,7 +234,8 @@ def generate(
 
     Batches keep the given order (no sorting), so a batch size that divides the sample count gives
     every run the same batches. EOS ids default to the model's generation config. `budget`,
-    `warmup`, `decode_steps`: see the module docstring; `attention`: auto | sdpa | flash.
+    `warmup`, `decode_steps`: see the module docstring; `attention`: auto | sdpa | flash | eager | fused
+    (kvbench.attention; the backend really used is `out.attention`, and the account charges its transient).
     """
     if prompts and isinstance(prompts[0], str):
         ids = encode(tokenizer, prompts, add_special_tokens)
@@ -246,13 +248,14 @@ def generate(
     pad = pad_id(model, tokenizer)
     geometry = model_geometry(model)
     shape = memory.ModelShape.of(model)
-    out = GenerationOutput(token_ids=[], prompt_tokens=[len(x) for x in ids])
+    backend = resolve_backend(attention, model, policy.needs_attention)
+    out = GenerationOutput(token_ids=[], prompt_tokens=[len(x) for x in ids], attention=backend)
     batches = [ids[start : start + batch_size] for start in range(0, len(ids), batch_size)]
 
     def run(batch: list[list[int]]) -> tuple[list[list[int]], dict]:
         acc = memory.account(
             shape, [len(x) for x in batch], policy, max_new_tokens=max_new_tokens, prefill_chunk=prefill_chunk,
-            score_chunk=score_chunk,
+            score_chunk=score_chunk, attention=backend,
         )
         if out.accounted is None or acc.total > out.accounted.total:
             out.accounted = acc
@@ -272,7 +275,7 @@ def generate(
             decode_steps=decode_steps,
         )
 
-    with kv_attention(model, score_chunk=score_chunk, backend=attention):
+    with kv_attention(model, score_chunk=score_chunk, backend=backend, needs_attention=policy.needs_attention):
         if warmup:
             run(batches[0])  # untimed, not counted
         t0 = time.perf_counter()

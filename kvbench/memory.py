@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvbench.attention import BACKENDS, resolve
 from kvbench.cache import KVCache
 from kvbench.errors import ConfigError, OutOfMemory
 from kvbench.schedule import prefill_plan, rows_to_evict
@@ -147,25 +148,38 @@ def _cpu_sdpa_workspace(T: int, N: int, D: int, e: int) -> int:
 
 
 def _forward_bytes(
-    s: ModelShape, B: int, T: int, N: int, longest: int, scored: bool, logits: bool, chunk: int, cpu: bool
+    s: ModelShape, B: int, T: int, N: int, longest: int, scored: bool, logits: bool, chunk: int, cpu: bool,
+    attention: str = "sdpa",
 ) -> int:
     """Transient bytes of one forward over a (B, T) chunk that attends to N keys."""
     e, h, D, Hq = s.elem, s.hidden, s.head_dim, s.q_heads
     q = B * T * Hq * D * e  # one query-sized tensor
     ids = B * (longest + ID_BUFFERS * T) * 8  # the padded prompts, the chunk's ids, slots, positions
     base = ids + HIDDEN_BUFFERS * B * T * h * e + 2 * B * T * D * e + B * T * N
-    workspace = _cpu_sdpa_workspace(T, N, D, e) if cpu else B * Hq * T * 4  # CUDA: the logsumexp
     qkv = B * T * (Hq + 2 * s.kv_heads) * D * e if s.fused_qkv else 0
-    phases = [
-        s.mlp_buffers * B * T * s.intermediate * e,
-        qkv + ROPE_BUFFERS * q,
-        qkv + 2 * q + B * T * N * e + workspace,
-    ]
-    if scored:  # kvbench.attention.attention_stats: one in-place score buffer per chunk of queries
+    phases = [s.mlp_buffers * B * T * s.intermediate * e, qkv + ROPE_BUFFERS * q]
+    stats = 3 * B * s.kv_heads * N * max(4, e)  # w_sum, w_last and a reduction of them
+    if attention == "eager":  # kvbench.attention._eager: transformers' eager path, nothing chunked
+        S = B * Hq * T * N  # elements of the (B, Hq, T, N) probabilities
+        conv = 0 if e == 4 or (not cpu and s.dtype == torch.float16) else 4  # softmax's float32 copy of its input
+        probs = max(2 * e, e + conv + 4, (2 * e + 4) if e != 4 else 0) * S  # logits + scaled / masked / softmax / cast
+        rep = 2 * B * Hq * N * D * e if Hq != s.kv_heads else 0  # repeat_kv's copies of K and V
+        phases.append(qkv + q + rep + max(probs, S * e + q + (stats if scored else 0)))
+        phases.append(qkv + 3 * q)  # the output, its transposed copy and the query
+    elif attention == "fused" and scored:  # kvbench.attention._fused: one set of probabilities per chunk
         a = max(4, e)
-        alive = min(T, 2 * chunk)  # queries whose scores are alive: a chunk's, while the last one's still are
-        scores = B * Hq * alive * (N * a + D * e) + B * min(T, chunk) * N + 3 * B * s.kv_heads * N * a
-        phases.append(qkv + 2 * q + scores)
+        tc = min(T, chunk)
+        chunk_bytes = B * Hq * tc * N * 2 * a + B * tc * N  # logits + probabilities (float32), the mask's inverse
+        phases.append(qkv + 2 * q + chunk_bytes + stats)
+    else:
+        workspace = _cpu_sdpa_workspace(T, N, D, e) if cpu else B * Hq * T * 4  # CUDA: the logsumexp
+        mask = B * T * N * e if attention != "flash" else 0  # SDPA's float copy of the bool mask
+        phases.append(qkv + 2 * q + mask + workspace)
+        if scored:  # kvbench.attention.attention_stats: one in-place score buffer per chunk of queries
+            a = max(4, e)
+            alive = min(T, 2 * chunk)  # queries whose scores are alive: a chunk's, while the last one's still are
+            scores = B * Hq * alive * (N * a + D * e) + B * min(T, chunk) * N + stats
+            phases.append(qkv + 2 * q + scores)
     if logits:
         phases.append(B * s.vocab * e + B * T * h * e)
     return base + max(phases)
@@ -219,8 +233,14 @@ def account(
     score_chunk: int = 64,
     attention: str = "sdpa",
 ) -> Account:
-    """The accounted peak of one batch of prompts with these token `lengths` (module docstring)."""
+    """The accounted peak of one batch of prompts with these token `lengths` (module docstring).
+
+    `attention`: the backend the batch runs with (sdpa | flash | eager | fused, or auto: resolved per
+    device like `kvbench.attention.resolve`); its attention transient is charged.
+    """
     s = model_or_shape if isinstance(model_or_shape, ModelShape) else ModelShape.of(model_or_shape)
+    if attention not in BACKENDS:
+        raise ValueError(f"attention must be one of {', '.join(BACKENDS)}: {attention!r}")
     B, longest = len(lengths), max(lengths)
     capacity = policy.capacity(longest, max_new_tokens)
     scored = policy.needs_attention
@@ -228,8 +248,10 @@ def account(
     forwards, evictions = _walk(lengths, policy, max_new_tokens, prefill_chunk)
     devices = {}
     for dev, L in s.layers.items():
+        backend = resolve(attention, device_type=dev.split(":")[0], dtype=s.dtype, needs_attention=scored)
         transients = [
-            _forward_bytes(s, B, T, N, longest, scored, logits, score_chunk, dev == "cpu") for T, N, logits in forwards
+            _forward_bytes(s, B, T, N, longest, scored, logits, score_chunk, dev == "cpu", backend)
+            for T, N, logits in forwards
         ]
         transients += [_evict_bytes(s, L, B, N, rows, keep, scored) for N, rows in evictions]
         if evictions and capacity > policy.kv_size:  # decode_only: the kv_size-slot copy of a resize

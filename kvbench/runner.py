@@ -32,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import kvbench
 from kvbench import engine, memory, results, search
+from kvbench.attention import resolve_backend
 from kvbench.config import build_policy, build_task, config_hash, validate
 from kvbench.errors import OutOfMemory
 from kvbench.memory import is_oom
@@ -128,6 +129,7 @@ def new_record(cfg: DictConfig, policy, task) -> dict:
         "accounted_mem_bytes": None,
         "accounted_mem_bytes_per_device": None,
         "search": None,
+        "attention": None,  # the attention backend really used (kvbench.attention.resolve), once the model is loaded
         "extensions": [],
         "prompts": None,
         "config": OmegaConf.to_container(cfg, resolve=True),
@@ -240,6 +242,7 @@ def run(cfg: DictConfig, lm: LoadedModel | None = None) -> dict:
             policy.needs_attention
         ):
             record["extensions"].append("gqa_group_mean")
+        record["attention"] = resolve_backend(cfg.gen.attention, lm.model, policy.needs_attention)  # the backend used
         samples = task.samples(lm.tokenizer)
         ids = [task.encode(lm.tokenizer, s.prompt) for s in samples]
         record["prompts"] = prompt_stats(samples, ids)

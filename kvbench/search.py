@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from kvbench import engine, memory
+from kvbench.attention import resolve_backend
 from kvbench.config import search_candidates
 
 log = logging.getLogger("kvbench")
@@ -86,6 +87,7 @@ def probe(cfg, lm, policy, ids: list[list[int]], batch_size: int, budget: memory
     acc = memory.account(
         lm.model, [len(x) for x in prompts], policy, max_new_tokens=cfg.gen.max_new_tokens,
         prefill_chunk=cfg.gen.prefill_chunk, score_chunk=cfg.gen.score_chunk,
+        attention=resolve_backend(cfg.gen.attention, lm.model, policy.needs_attention),
     )
     devices = memory.cuda_devices(lm.model)
     before = memory.memory_level(devices)

@@ -79,16 +79,53 @@ CASES = [  # (policy, prompt lengths, prefill_chunk): full and chunked prefill, 
 ]
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager", "fused"])
 @pytest.mark.parametrize("policy,lengths,chunk", CASES, ids=lambda x: getattr(x, "name", str(x)))
-def test_account_matches_the_bytes_really_allocated(tiny, policy, lengths, chunk):
-    """Accounted cache + transient vs the peak of the tensor storages the batch creates (within -1% / +15%)."""
+def test_account_matches_the_bytes_really_allocated(tiny, policy, lengths, chunk, attention):
+    """Accounted cache + transient vs the peak of the tensor storages the batch creates (within -1% / +15%),
+    under each attention backend (eager: transformers' materialised probabilities, fused: one set per chunk)."""
     ids = random_prompts(lengths, seed=3)
-    acc = memory.account(tiny.model, list(lengths), policy, max_new_tokens=6, prefill_chunk=chunk).devices["cpu"]
-    with kv_attention(tiny.model), AllocatedBytes() as measured:
+    acc = memory.account(
+        tiny.model, list(lengths), policy, max_new_tokens=6, prefill_chunk=chunk, attention=attention
+    ).devices["cpu"]
+    with kv_attention(tiny.model, backend=attention, needs_attention=policy.needs_attention), AllocatedBytes() as measured:
         generate_batch(tiny.model, ids, policy, max_new_tokens=6, prefill_chunk=chunk)
     accounted = acc.kv_cache + acc.transient
     assert 0.99 * measured.peak <= accounted <= 1.15 * measured.peak, (accounted, measured.peak)
     assert acc.weights == tiny.weights_bytes  # parameters and buffers
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("policy", [ExtremeDecode(kv_size=2), BatchMax(kv_size=64, evict_every=16)])
+def test_eager_attention_transient_is_measured_per_element(dtype, policy):
+    """The eager term on a larger prompt, where the (B, Hq, T, N) probabilities dominate the peak: in
+    float32 2 such tensors are alive (logits and their scaled / masked copy, or logits and softmax), in
+    bfloat16 10 bytes per element (logits + softmax's float32 copy + its output), in float64 20 (logits,
+    float32 softmax, the cast back); the account must stay within the same tolerance."""
+    from kvbench.models import build_tiny
+
+    lm = build_tiny("tiny-llama", arch="llama", dtype=str(dtype).split(".")[1], device="cpu", layers=1)
+    lengths = (300, 260)
+    ids = random_prompts(lengths, seed=5)
+    acc = memory.account(lm.model, list(lengths), policy, max_new_tokens=2, attention="eager").devices["cpu"]
+    sdpa = memory.account(lm.model, list(lengths), policy, max_new_tokens=2, attention="sdpa").devices["cpu"]
+    with kv_attention(lm.model, backend="eager", needs_attention=policy.needs_attention), AllocatedBytes() as measured:
+        generate_batch(lm.model, ids, policy, max_new_tokens=2)
+    accounted = acc.kv_cache + acc.transient
+    assert 0.99 * measured.peak <= accounted <= 1.15 * measured.peak, (accounted, measured.peak)
+    if policy.name == "extreme_decode":  # the whole prompt at once: eager's T^2 term is the peak, sdpa has none
+        assert acc.transient > 2 * sdpa.transient, (acc.transient, sdpa.transient)
+
+
+def test_account_backend_names(tiny_llama):
+    """auto resolves per device like the engine (CPU: sdpa); fused without statistics is sdpa; bad names fail."""
+    args = (tiny_llama.model, [60, 50], Full())
+    kw = dict(max_new_tokens=3)
+    assert memory.account(*args, **kw, attention="auto") == memory.account(*args, **kw)
+    assert memory.account(*args, **kw, attention="fused") == memory.account(*args, **kw, attention="sdpa")
+    assert memory.account(*args, **kw, attention="eager").total > memory.account(*args, **kw).total
+    with pytest.raises(ValueError, match="attention must be one of"):
+        memory.account(*args, **kw, attention="math")
 
 
 @pytest.mark.parametrize("policy", [Full(), BatchMax(kv_size=256), ExtremeDecode(kv_size=2), Window(kv_size=256)])
