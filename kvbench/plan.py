@@ -233,17 +233,32 @@ def trial(shape: memory.ModelShape, node: Node, lengths: list[int], policy, back
     return run
 
 
+def prepare(cfg: DictConfig):
+    """(node, spec, meta model, placed ModelShape, prompt lengths, their source) of a checked config."""
+    node = node_of(cfg)
+    spec = spec_of(cfg, node)
+    model = spec.meta_model()
+    shape = placed_shape(model, placement(model, spec, node))
+    lengths, source = prompt_lengths(cfg, spec)
+    return node, spec, model, shape, lengths, source
+
+
+def headroom(shape, node: Node, lengths: list[int], policy, backend: str, cfg: DictConfig, b: int) -> int:
+    """Bytes left on the fullest device (budget less accounted peak, reserve ignored) at batch size b: the
+    largest memory.reserve_gb (in bytes) under which b still fits."""
+    longest = sorted(lengths, reverse=True)
+    acc = memory.account(shape, [longest[i % len(longest)] for i in range(b)], policy,
+                         max_new_tokens=cfg.gen.max_new_tokens, prefill_chunk=cfg.gen.prefill_chunk,
+                         score_chunk=cfg.gen.score_chunk, attention=backend)
+    return min(node.budget[d] - f.total for d, f in acc.devices.items())
+
+
 def plan(cfg: DictConfig) -> dict:
     """Make the plan, append its record, return it."""
     t0 = time.perf_counter()
     validate(cfg)
     check(cfg)
-    node = node_of(cfg)
-    spec = spec_of(cfg, node)
-    model = spec.meta_model()
-    dmap = placement(model, spec, node)
-    shape = placed_shape(model, dmap)
-    lengths, source = prompt_lengths(cfg, spec)
+    node, spec, model, shape, lengths, source = prepare(cfg)
     candidates = search_candidates(cfg)
     rows = []
     for backend in cfg.plan.backends:
