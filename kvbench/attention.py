@@ -18,7 +18,7 @@ Backends (`gen.attention`):
   those of a 2024 Hugging Face implementation. The statistics come from those same probabilities.
 * `fused`: output and statistics from ONE set of probabilities per chunk of `score_chunk` queries
   (no second softmax); policies that need no statistics run SDPA (there is nothing to fuse).
-* `auto`: see `resolve`.
+* `auto`: `fused` for scored policies on the CPU, else flash where it can run, else SDPA (`resolve`).
 """
 
 from __future__ import annotations
@@ -46,10 +46,14 @@ def flash_available() -> bool:
 def resolve(backend: str, *, device_type: str, dtype: torch.dtype, needs_attention: bool) -> str:
     """The backend a run really uses (what its record and the memory account name).
 
-    auto: flash-attn when installed, on CUDA, in half precision; else SDPA. `fused` for a policy that
-    needs no statistics is SDPA (there is nothing to fuse).
+    auto: on the CPU, `fused` for a policy that needs statistics (measured faster than SDPA + the
+    statistics pass: README, Benchmarks); otherwise flash-attn when installed, on CUDA, in half
+    precision, else SDPA (on CUDA, fused vs SDPA + statistics is not measured yet, so SDPA stays).
+    `fused` for a policy that needs no statistics is SDPA (there is nothing to fuse).
     """
     if backend == "auto":
+        if needs_attention and device_type == "cpu":
+            return "fused"
         half = dtype in (torch.float16, torch.bfloat16)
         return "flash" if flash_available() and half and device_type == "cuda" else "sdpa"
     if backend == "fused" and not needs_attention:

@@ -124,7 +124,8 @@ def test_fused_without_statistics_is_sdpa(tiny_llama):
 
 # ------------------------------------------------------------------------- the record
 @pytest.mark.parametrize("attention,policy,want", [("eager", "window", "eager"), ("fused", "batch_max", "fused"),
-                                                   ("fused", "full", "sdpa"), ("sdpa", "h2o", "sdpa")])
+                                                   ("fused", "full", "sdpa"), ("sdpa", "h2o", "sdpa"),
+                                                   ("auto", "h2o", "fused"), ("auto", "window", "sdpa")])
 def test_record_names_the_backend_used(tmp_path, attention, policy, want):
     from hydra import compose, initialize_config_dir
 
@@ -153,7 +154,7 @@ def test_smollm2_eager_generates_the_sdpa_tokens():
     ]
     prompts = [lm.tokenizer(t)["input_ids"] for t in texts]
     for policy in (Full(), BatchMax(kv_size=48, evict_every=16)):
-        kw = dict(max_new_tokens=16, eos_token_ids=[])
+        kw = dict(max_new_tokens=12, eos_token_ids=[])
         sdpa = generate(lm.model, lm.tokenizer, prompts, policy, 4, attention="sdpa", **kw)
         eager = generate(lm.model, lm.tokenizer, prompts, policy, 4, attention="eager", **kw)
         assert eager.token_ids == sdpa.token_ids, policy.name

@@ -118,10 +118,14 @@ def test_eager_attention_transient_is_measured_per_element(dtype, policy):
 
 
 def test_account_backend_names(tiny_llama):
-    """auto resolves per device like the engine (CPU: sdpa); fused without statistics is sdpa; bad names fail."""
+    """auto resolves per device like the engine (CPU: fused for a scored policy, else sdpa); fused without
+    statistics is sdpa; bad names fail."""
     args = (tiny_llama.model, [60, 50], Full())
     kw = dict(max_new_tokens=3)
     assert memory.account(*args, **kw, attention="auto") == memory.account(*args, **kw)
+    scored = (tiny_llama.model, [60, 50], BatchMax(kv_size=32, evict_every=8))
+    assert memory.account(*scored, **kw, attention="auto") == memory.account(*scored, **kw, attention="fused")
+    assert memory.account(*scored, **kw, attention="fused") != memory.account(*scored, **kw, attention="sdpa")
     assert memory.account(*args, **kw, attention="fused") == memory.account(*args, **kw, attention="sdpa")
     assert memory.account(*args, **kw, attention="eager").total > memory.account(*args, **kw).total
     with pytest.raises(ValueError, match="attention must be one of"):

@@ -14,6 +14,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from kvbench import memory, runner, search
+from kvbench.attention import resolve_backend
 from kvbench.cache import KVCache
 from kvbench.config import CONF_DIR, DIVISORS_OF_960, build_task
 from kvbench.results import read_jsonl, read_records
@@ -36,7 +37,8 @@ def _probe_footprints(cfg) -> dict[int, int]:
     policy = runner.build_policy(cfg)
     return {
         b: memory.account(lm.model, [len(x) for x in search.probe_prompts(ids, b)], policy,
-                          max_new_tokens=cfg.gen.max_new_tokens).total
+                          max_new_tokens=cfg.gen.max_new_tokens,
+                          attention=resolve_backend(cfg.gen.attention, lm.model, policy.needs_attention)).total
         for b in CANDIDATES
     }
 
