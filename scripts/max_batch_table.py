@@ -2,7 +2,7 @@
 policy and kv size (rows) and attention backend x Batch-Max first-block chunking (columns), next to what
 kvbench-plan predicts for the same setting without loading weights (same process, same account).
 
-    python scripts/max_batch_table.py results/mini_eager [--experiment mini_cnndm_eager] [--data-dir ../shared/data]
+    python scripts/max_batch_table.py results/mini_eager [--experiment mini_eager_cnndm] [--data-dir ../shared/data]
 
 Prints one JSON line (searched and planned cells); writes RESULTS_DIR/max_batch.md.
 """
@@ -28,7 +28,7 @@ from kvbench.results import read_records  # noqa: E402
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("results_dir")
-    p.add_argument("--experiment", default="mini_cnndm_eager")
+    p.add_argument("--experiment", default="mini_eager_cnndm")
     p.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
     args = p.parse_args()
     searched: dict[tuple, tuple] = {}

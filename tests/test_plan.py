@@ -174,3 +174,12 @@ def test_bad_plans_name_the_key(tmp_path, overrides, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         plan.plan(_compose(*overrides, f"results_dir={tmp_path}"))
     assert not read_records(tmp_path)
+
+
+@pytest.mark.parametrize("experiment", ["paper_llama2_cnndm", "paper_phi35_narrativeqa"])
+def test_paper_experiments_run_the_papers_conditions(experiment):
+    """eager attention and Algorithm 1's whole first block by default; SDPA one override away."""
+    cfg = _compose(f"experiment={experiment}")
+    assert (cfg.gen.attention, cfg.gen.prefill_chunk) == ("eager", 4096)
+    assert cfg.gen.prefill_chunk >= cfg.task.max_input_tokens  # the first block (and ED's prompt) in one forward
+    assert _compose(f"experiment={experiment}", "gen.attention=sdpa").gen.attention == "sdpa"
