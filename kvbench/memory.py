@@ -24,6 +24,13 @@ I MLP width, V vocabulary, Hq / H query / KV heads, D head dim, L layers on the 
                           scores (scored policies) 2·B·T·Hq·D·e + B·Hq·t·(N·a + D·e) + O(B·H·N),
                           a = max(4, e), t = min(T, 2·score_chunk) (a chunk's scores are computed
                           while the previous chunk's are alive);
+                          (those two are `attention="sdpa"`, the default; "flash" drops the float
+                          mask; the other backends replace both:)
+                          eager B·T·Hq·D·e + repeat_kv 2·B·Hq·N·D·e (GQA) + S·c, S = B·Hq·T·N,
+                          c = 8 (float32), 10 (half: logits, softmax's float32 input copy and output;
+                          8 for float16 on CUDA, whose softmax upcasts in the kernel), 20 (float64);
+                          or the output, its transposed copy and the query, 3·B·T·Hq·D·e;
+                          fused 2·B·T·Hq·D·e + B·Hq·min(T, score_chunk)·N·2a + B·min(T, chunk)·N + O(B·H·N);
                           logits B·V·e + B·T·h·e (logits_to_keep=1)
       eviction of b of the B rows over N pairs: L·b·H·N·21 bytes (scores, sort values and int64
           indices, masks) + the K/V gather of `gather_layers` layers at a time: b = B gathers the

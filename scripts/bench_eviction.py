@@ -43,6 +43,7 @@ import argparse
 import inspect
 import json
 import os
+import sys
 import time
 from collections import defaultdict
 
@@ -152,6 +153,8 @@ def main() -> None:
     for _ in range(args.repeats):
         for name, policy in policies.items():
             out = run(name, policy)
+            print(f"{name} ({out.attention}): prefill {out.prefill_s:.2f} s, decode {out.decode_s:.2f} s",
+                  file=sys.stderr, flush=True)  # progress: a run killed later keeps what it measured
             if name not in best:
                 best[name] = dict(tokens=out.token_ids, attention=out.attention, prefill_s=out.prefill_s,
                                   decode_s=out.decode_s)
