@@ -49,6 +49,7 @@ class DataConfig:
 @dataclass
 class MemoryConfig:
     budget_gb: float | None = None  # GiB per device. CUDA: a real cap; CPU: an accounted budget (kvbench.memory)
+    reserve_gb: float = 0.0  # GiB per device the account cannot see (CUDA context, allocator slack): taken off the budget
 
 
 @dataclass
@@ -78,6 +79,17 @@ class ReproduceConfig:
 
 
 @dataclass
+class PlanConfig:
+    """kvbench-plan (kvbench.plan): the node and prompts a capacity plan is made for; no run reads it."""
+
+    gpus: int | None = None  # GPUs of the node; null: as many as model.max_memory names, else the CPU
+    gpu_mem_mib: int | None = None  # memory per GPU (MiB): placement and budget; null: memory.budget_gb / max_memory
+    prompt_tokens: int | None = None  # every prompt this long (the worst case); null: the task's real prompts
+    backends: list[str] = field(default_factory=lambda: ["eager", "sdpa"])  # gen.attention values to plan
+    kv_sizes: list[int] | None = None  # the evicting policy's kv sizes; null: [policy.kv_size]
+
+
+@dataclass
 class RootConfig:
     model: Any = MISSING
     task: Any = MISSING
@@ -92,6 +104,7 @@ class RootConfig:
     search: SearchConfig = field(default_factory=SearchConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     reproduce: ReproduceConfig = field(default_factory=ReproduceConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
     results_dir: str = "results"
     skip_existing: bool | None = None  # null: true in a sweep (-m) and the driver, false for one run
     seed: int = 0
@@ -100,7 +113,7 @@ class RootConfig:
 
 MODES = ("run", "prompt_report")
 # keys that do not change what a run computes: left out of its identity hash
-NON_IDENTITY = ("results_dir", "logger", "skip_existing", "output", "experiment_name", "reproduce")
+NON_IDENTITY = ("results_dir", "logger", "skip_existing", "output", "experiment_name", "reproduce", "plan")
 
 
 def register_schema() -> None:
@@ -162,6 +175,9 @@ def validate(cfg: DictConfig) -> None:
     b = cfg.memory.budget_gb
     if b is not None and not (b > 0 and math.isfinite(b)):
         raise ConfigError("memory.budget_gb", "must be a positive, finite number of GB (GiB)", b)
+    r = cfg.memory.reserve_gb
+    if not (r >= 0 and math.isfinite(r)) or (b is not None and r >= b):
+        raise ConfigError("memory.reserve_gb", "must be >= 0 GiB and below memory.budget_gb", r)
     if cfg.search.decode_steps <= 0:
         raise ConfigError("search.decode_steps", "must be a positive integer", cfg.search.decode_steps)
     if cfg.search.probe not in ("real", "account"):
@@ -199,6 +215,8 @@ def device_kind(device: str) -> str:
 def _identity_of(container: dict, kind: str) -> dict:
     c = {k: v for k, v in container.items() if k not in NON_IDENTITY}
     c["device"] = kind  # resolved: a GPU sweep never matches what a CPU run recorded (nor the reverse)
+    if not c.get("memory", {}).get("reserve_gb"):  # added later: records made before it keep their identity
+        c.get("memory", {}).pop("reserve_gb", None)
     return c
 
 

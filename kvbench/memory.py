@@ -285,26 +285,33 @@ class ModelDoesNotFit(ConfigError):
 
 @dataclass(frozen=True)
 class Budget:
-    """memory.budget_gb of a run, in bytes per device."""
+    """memory.budget_gb of a run, in bytes per device, less memory.reserve_gb (what the account cannot see)."""
 
     gb: float
+    reserve_gb: float = 0.0
 
     @property
     def bytes(self) -> int:
         return int(self.gb * GiB)
 
+    @property
+    def usable(self) -> int:
+        """Bytes per device the accounted peak may reach: the budget less the reserve."""
+        return int((self.gb - self.reserve_gb) * GiB)
+
     def admit(self, acc: Account) -> None:
         """Raise BudgetExceeded if a CPU device's accounted peak is over budget (CUDA is capped for real)."""
         for dev, f in acc.devices.items():
-            if dev == "cpu" and f.total > self.bytes:
+            if dev == "cpu" and f.total > self.usable:
+                reserve = f" less memory.reserve_gb={self.reserve_gb:g}" if self.reserve_gb else ""
                 raise BudgetExceeded(
-                    f"accounted peak {acc.describe(dev)} exceeds memory.budget_gb={self.gb:g} on {dev}", acc
+                    f"accounted peak {acc.describe(dev)} exceeds memory.budget_gb={self.gb:g}{reserve} on {dev}", acc
                 )
 
     def check_weights(self, model) -> None:
         """Raise ModelDoesNotFit when the weights alone are over budget on some device."""
         for dev, w in ModelShape.of(model).weights.items():
-            if w > self.bytes:
+            if w > self.usable:
                 raise ModelDoesNotFit(
                     "memory.budget_gb",
                     f"the model alone does not fit: its weights take {w / GiB:.3f} GiB on {dev}",
@@ -313,14 +320,18 @@ class Budget:
 
 
 def budget_of(cfg) -> Budget | None:
-    return None if cfg.memory.budget_gb is None else Budget(float(cfg.memory.budget_gb))
+    if cfg.memory.budget_gb is None:
+        return None
+    return Budget(float(cfg.memory.budget_gb), float(cfg.memory.get("reserve_gb") or 0.0))
 
 
 def apply_cuda_cap(budget: Budget | None) -> None:
-    """Cap every visible GPU at the budget (fraction of its memory), or lift the cap. Not verified here (no GPU)."""
+    """Cap every visible GPU at the budget less the reserve (fraction of its memory), or lift the cap.
+
+    The reserve emulates what a smaller card loses outside PyTorch's allocator (its CUDA context)."""
     for i in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
         total = torch.cuda.get_device_properties(i).total_memory
-        torch.cuda.set_per_process_memory_fraction(1.0 if budget is None else min(1.0, budget.bytes / total), i)
+        torch.cuda.set_per_process_memory_fraction(1.0 if budget is None else min(1.0, budget.usable / total), i)
 
 
 # --------------------------------------------------------------------------------------------- measurement

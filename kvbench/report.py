@@ -1,7 +1,8 @@
 """`kvbench-report RESULTS_DIR`: the paper's tables, a CSV of every run and plots, from runs.jsonl.
 
 Writes into RESULTS_DIR (or `--out`):
-- `tables.md`: per model, task, sample count and generation length, the paper's layout (Method, b,
+- `tables.md`: per model, task, sample count, generation length and attention backend (records of
+  `mode: plan` are no runs and are left out), the paper's layout (Method, b,
   kv, metric, tokens/s). The summary picks ED's and FKV's fastest runs and, for every other method,
   the fastest run at FKV's metric or above ("BM >= FKV") and at `--near-fkv` of it ("BM >= 96% FKV",
   the paper's second Batch-Max row); "All runs" lists every configuration. A known out-of-memory
@@ -79,13 +80,20 @@ def latest(records: list[dict]) -> list[dict]:
     """The last ok/oom record of each configuration, in file order."""
     by_hash: dict[str, dict] = {}
     for i, r in enumerate(records):
-        if r.get("status") in ("ok", "oom"):
+        if r.get("status") in ("ok", "oom") and r.get("mode") != "plan":  # a plan (kvbench-plan) is no run
             by_hash[r.get("config_hash") or f"#{i}"] = r
     return list(by_hash.values())
 
 
+def attention_of(rec: dict) -> str:
+    """The run's attention backend: the record's, else its config's (auto runs SDPA on a CPU)."""
+    name = rec.get("attention") or ((rec.get("config") or {}).get("gen") or {}).get("attention") or "auto"
+    return "sdpa" if name == "auto" and str(rec.get("device", "")).startswith("cpu") else str(name)
+
+
 def group_key(rec: dict) -> tuple:
-    return (str(rec.get("model")), str(rec.get("task")), rec.get("n_samples") or 0, rec.get("max_new_tokens") or 0)
+    return (str(rec.get("model")), str(rec.get("task")), rec.get("n_samples") or 0, rec.get("max_new_tokens") or 0,
+            attention_of(rec))
 
 
 @dataclass
@@ -101,13 +109,14 @@ class Table:
 
     @property
     def title(self) -> str:
-        model, task, n, new = self.key
-        return f"{model} · {task} · {n} samples · {new} new tokens"
+        model, task, n, new, attention = self.key
+        return f"{model} · {task} · {n} samples · {new} new tokens · {attention} attention"
 
     @property
     def slug(self) -> str:
-        model, task, n, new = self.key
-        return f"{model}_{task}_n{n}_new{new}".replace("/", "-")
+        model, task, n, new, attention = self.key
+        suffix = "" if attention in ("sdpa", "auto") else f"_{attention}"  # the names plots had before backends
+        return f"{model}_{task}_n{n}_new{new}{suffix}".replace("/", "-")
 
     @property
     def metric_name(self) -> str:

@@ -52,7 +52,7 @@ EXPECTED = f"""# kvbench results
 
 12 records in runs.jsonl (1 ended with an error: not in the tables, see runs.csv). ED: extreme decoding-only eviction, FKV: full cache, BM: Batch-Max; tokens/s: generated tokens per second, prefill included.
 
-## llama2-13b-chat · cnndm · 960 samples · 512 new tokens
+## llama2-13b-chat · cnndm · 960 samples · 512 new tokens · auto attention
 
 | Method | b | kv | ROUGE-2 | tokens/s |
 |---|---:|---:|---:|---:|
@@ -85,7 +85,7 @@ All runs:
 ![largest batch size per method](plots/{CNNDM}_max_batch_size.png)
 ![peak memory vs batch size](plots/{CNNDM}_peak_memory.png)
 
-## llama2-13b-chat · gsm8k · 960 samples · 512 new tokens
+## llama2-13b-chat · gsm8k · 960 samples · 512 new tokens · auto attention
 
 | Method | b | kv | accuracy | tokens/s |
 |---|---:|---:|---:|---:|

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -33,6 +34,26 @@ class LoadedModel:
     @property
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
+
+
+@dataclass
+class ModelSpec:
+    """What a loader would load, without loading it: the config, the dtype, the tokenizer on demand and
+    the placement arguments (`device_map`, `max_memory`) of its `from_pretrained` call. kvbench-plan builds
+    the model from it on the meta device."""
+
+    config: object  # transformers PretrainedConfig
+    dtype: torch.dtype
+    tokenizer: Callable[[], object]
+    device_map: str | None = None
+    max_memory: dict | None = None
+
+    def meta_model(self):
+        """The model on the meta device: every parameter and buffer with its shape and dtype, no storage."""
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(self.config, dtype=self.dtype)
 
 
 def resolve_device(device: str) -> torch.device:

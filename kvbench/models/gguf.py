@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from kvbench.errors import ConfigError
-from kvbench.models.base import LoadedModel, finish, resolve_device, resolve_dtype
+from kvbench.models.base import LoadedModel, ModelSpec, finish, resolve_device, resolve_dtype
 
 
 def package_dir(package: str) -> Path:
@@ -91,3 +91,27 @@ def load_gguf_package(
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch_dtype)
     return finish(model.to(dev), tok, name)
+
+
+def gguf_spec(
+    name: str,
+    package: str,
+    gguf_file: str,
+    dtype: str = "float32",
+    device: str = "auto",
+    use_cache: bool = True,
+) -> ModelSpec:
+    """`load_gguf_package`'s model without its weights: the config of the converted copy (else read from the GGUF)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    gguf = package_dir(package) / gguf_file
+    if not gguf.exists():
+        raise ConfigError("model.gguf_file", f"not found in package {package}", gguf_file)
+    target = _converted_dir(gguf, name)
+    if use_cache and (target / "config.json").exists():
+        config = AutoConfig.from_pretrained(target)
+        tokenizer = lambda: AutoTokenizer.from_pretrained(target)  # noqa: E731
+    else:
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tokenizer = lambda: AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)  # noqa: E731
+    return ModelSpec(config=config, dtype=resolve_dtype(dtype, torch.device(device)), tokenizer=tokenizer)

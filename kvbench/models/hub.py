@@ -7,7 +7,19 @@ layer's device.
 
 from __future__ import annotations
 
-from kvbench.models.base import LoadedModel, finish, resolve_device, resolve_dtype
+import json
+from pathlib import Path
+
+import torch
+
+from kvbench.models.base import LoadedModel, ModelSpec, finish, resolve_device, resolve_dtype
+
+# The paper's models' config.json, shipped so kvbench-plan needs no Hub (the weights still come from it)
+SHIPPED_CONFIGS = {
+    "meta-llama/Llama-2-13b-chat-hf": "Llama-2-13b-chat-hf.json",
+    "microsoft/Phi-3.5-mini-instruct": "Phi-3.5-mini-instruct.json",
+}
+CONFIG_DIR = Path(__file__).parent / "configs"
 
 
 def load_hub(
@@ -28,9 +40,50 @@ def load_hub(
     if dev.type == "cuda" and device_map:
         kwargs["device_map"] = device_map
         if max_memory:
-            kwargs["max_memory"] = {(int(k) if str(k).isdigit() else k): v for k, v in dict(max_memory).items()}
+            kwargs["max_memory"] = max_memory_of(max_memory)
     tok = AutoTokenizer.from_pretrained(pretrained, revision=revision, trust_remote_code=trust_remote_code)
     model = AutoModelForCausalLM.from_pretrained(pretrained, **kwargs)
     if "device_map" not in kwargs:
         model = model.to(dev)
     return finish(model, tok, name)
+
+
+def max_memory_of(max_memory: dict | None) -> dict | None:
+    """model.max_memory as from_pretrained takes it: GPU indices as ints."""
+    if not max_memory:
+        return None
+    return {(int(k) if str(k).isdigit() else k): v for k, v in dict(max_memory).items()}
+
+
+def hub_config(pretrained: str, revision: str | None = None, trust_remote_code: bool = False):
+    """The model's config: the shipped copy for the paper's models (offline), else the Hub's."""
+    from transformers import AutoConfig
+
+    if pretrained in SHIPPED_CONFIGS and revision is None:
+        values = json.loads((CONFIG_DIR / SHIPPED_CONFIGS[pretrained]).read_text())
+        values = {k: v for k, v in values.items() if not k.startswith("_")}
+        return AutoConfig.for_model(values.pop("model_type"), **values)
+    return AutoConfig.from_pretrained(pretrained, revision=revision, trust_remote_code=trust_remote_code)
+
+
+def hub_spec(
+    name: str,
+    pretrained: str,
+    dtype: str = "auto",
+    device: str = "auto",
+    device_map: str | None = "auto",
+    max_memory: dict | None = None,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+) -> ModelSpec:
+    """`load_hub`'s model without its weights (device: where it would run, cpu or cuda)."""
+    from transformers import AutoTokenizer
+
+    dev = torch.device(device)
+    return ModelSpec(
+        config=hub_config(pretrained, revision, trust_remote_code),
+        dtype=resolve_dtype(dtype, dev),
+        tokenizer=lambda: AutoTokenizer.from_pretrained(pretrained, revision=revision, trust_remote_code=trust_remote_code),
+        device_map=device_map if dev.type == "cuda" else None,
+        max_memory=max_memory_of(max_memory),
+    )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from kvbench.errors import ConfigError
-from kvbench.models.base import LoadedModel, finish, resolve_device, resolve_dtype
+from kvbench.models.base import LoadedModel, ModelSpec, finish, resolve_device, resolve_dtype
 
 SPECIALS = ["<|im_start|>", "<|im_end|>", "<|pad|>"]
 CHATML = (
@@ -76,3 +76,11 @@ def build_tiny(
     model.generation_config.eos_token_id = cfg.eos_token_id
     model.generation_config.pad_token_id = cfg.pad_token_id
     return finish(model.to(dev), byte_tokenizer(), name)
+
+
+def tiny_spec(
+    name: str, arch: str = "llama", dtype: str = "float32", device: str = "auto", seed: int = 0, layers: int = 2
+) -> ModelSpec:
+    """`build_tiny`'s model without its weights."""
+    return ModelSpec(config=tiny_config(arch, layers=layers), dtype=resolve_dtype(dtype, torch.device(device)),
+                     tokenizer=byte_tokenizer)
