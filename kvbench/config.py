@@ -136,6 +136,9 @@ def search_candidates(cfg: DictConfig) -> list[int]:
         values = [v for v in values if v <= cfg.search.max]
         if not values:
             raise ConfigError("search.max", "leaves no candidate batch size", cfg.search.max)
+    n = cfg.task.get("n_samples")
+    if isinstance(n, int) and n > 0:  # a batch larger than the data never runs: capped at the sample count
+        values = sorted({min(v, n) for v in values})
     return values
 
 

@@ -16,10 +16,12 @@ accounted on CPU). Loaded models are kept for the next run of the same process
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import gc
 import logging
+import signal
 import statistics
 import subprocess
 import traceback
@@ -129,6 +131,8 @@ def new_record(cfg: DictConfig, policy, task) -> dict:
         "accounted_mem_bytes_per_device": None,
         "search": None,
         "extensions": [],
+        "notes": [],
+        "logger": None,
         "prompts": None,
         "config": OmegaConf.to_container(cfg, resolve=True),
         "predictions_path": None,
@@ -209,9 +213,12 @@ def execute(
 
 
 def find_batch_size(cfg: DictConfig, record: dict, lm: LoadedModel, policy, ids, budget) -> int:
-    """search.max_batch: record the search, return the batch size it found (OutOfMemory if none fits)."""
+    """search.max_batch: record the search, return the batch size it found (OutOfMemory if none fits).
+
+    When nothing fits, the record's batch size is the smallest one tried (the one that ran out).
+    """
     result = search.max_batch(cfg, lm, policy, ids, budget)
-    record.update(search=result.to_record(), batch_size=result.max_batch_size)
+    record.update(search=result.to_record(), batch_size=result.max_batch_size or result.first_oom_batch_size)
     if result.max_batch_size is None:
         raise OutOfMemory(f"search: not even batch size {result.first_oom_batch_size} fits")
     best = next(t for t in result.trials if t.batch_size == result.max_batch_size)  # a search.only record's peak;
@@ -219,64 +226,128 @@ def find_batch_size(cfg: DictConfig, record: dict, lm: LoadedModel, policy, ids,
     return result.max_batch_size
 
 
+class Terminated(BaseException):
+    """SIGTERM (what SLURM and most schedulers send) during a run: handled like Ctrl-C."""
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> None:
+    """Within the block, SIGTERM raises Terminated once (later ones are ignored while the record is written)."""
+    if signal.getsignal(signal.SIGTERM) is None or not _main_thread():
+        yield
+        return
+    fired = []
+
+    def handler(signum, frame):
+        if not fired:
+            fired.append(signum)
+            raise Terminated("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if fired:  # a SIGTERM that came while the record was being written still stops the process
+            raise Terminated("SIGTERM")
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def fit_batch_size(record: dict, batch_size: int, n: int) -> int:
+    """A fixed batch larger than the data runs (and is recorded) at the data's size, with a warning."""
+    if batch_size > n:
+        note = f"batch_size={batch_size} is larger than the {n} samples: ran and recorded batch size {n}"
+        log.warning(note)
+        record["notes"].append(note)
+        batch_size = n
+    record["batch_size"] = batch_size
+    return batch_size
+
+
 def run(cfg: DictConfig, lm: LoadedModel | None = None) -> dict:
-    """Run one configuration and append its record; returns the record (also on oom / error)."""
+    """Run one configuration and append its record; returns the record (also on oom / error).
+
+    SIGTERM and SIGINT leave an `interrupted` record, then stop the process (Terminated exits 143).
+    """
     validate(cfg)
     policy, task = build_policy(cfg), build_task(cfg)
     record = new_record(cfg, policy, task)
+    claim = None
     if cfg.skip_existing:
-        done = results.finished(cfg.results_dir, record["config_hash"])
-        if done is not None:
+        claim = results.claim(cfg.results_dir, record["config_hash"])
+        if claim.done is not None:
+            done = claim.done
             log.info("skip: %s already recorded as %s (%s)", record["config_hash"], done["status"], done["run_id"])
             return done
+        if claim.held_by is not None:
+            log.info("skip: %s is being run by %s", record["config_hash"], claim.held_by)
+            record.update(status="claimed", error=f"claimed by {claim.held_by}")
+            return record
+    logger = instantiate(cfg.logger)
     record["extensions"] = policy.describe()["extensions"]
+    record["logger"] = logger.start()
+    if record["logger"] and record["logger"].get("note"):
+        record["notes"].append(record["logger"]["note"])
     budget = memory.budget_of(cfg)
     rows: list[dict] = []
     recorded = True
     try:
-        torch.manual_seed(cfg.seed)
-        lm = load_within(cfg, budget, lm)
-        if lm.model.config.num_attention_heads != getattr(lm.model.config, "num_key_value_heads", None) and (
-            policy.needs_attention
-        ):
-            record["extensions"].append("gqa_group_mean")
-        samples = task.samples(lm.tokenizer)
-        ids = [task.encode(lm.tokenizer, s.prompt) for s in samples]
-        record["prompts"] = prompt_stats(samples, ids)
-        if cfg.mode == "prompt_report":
-            record["status"] = "ok"
-        else:
-            batch_size = cfg.batch_size
-            if cfg.search.max_batch:
-                batch_size = find_batch_size(cfg, record, lm, policy, ids, budget)
-            if cfg.search.max_batch and cfg.search.only:
-                record["status"] = "ok"
-            else:
-                rows = execute(cfg, record, lm, policy, task, samples, ids, batch_size, budget)
-    except memory.ModelDoesNotFit:  # bad input, not a measurement: no record
-        recorded = False
-        raise
-    except Exception as e:  # recorded, never lost; the caller decides whether to re-raise
-        record["status"] = "oom" if is_oom(e) else "error"
-        record["error"] = f"{type(e).__name__}: {e}"
-        record["traceback"] = traceback.format_exc(limit=20)
-        if record["status"] == "oom":  # the figure that did not fit: accounted (CPU) or measured (CUDA)
-            record.update(memory_fields(lm, getattr(e, "account", None)))
-        log.error("run %s ended with %s: %s", record["run_id"], record["status"], record["error"])
-    except BaseException:  # interrupted: still leave a record, then stop
-        record["error"] = "interrupted"
-        raise
+        with sigterm_interrupts():
+            try:
+                torch.manual_seed(cfg.seed)
+                lm = load_within(cfg, budget, lm)
+                if lm.model.config.num_attention_heads != getattr(lm.model.config, "num_key_value_heads", None) and (
+                    policy.needs_attention
+                ):
+                    record["extensions"].append("gqa_group_mean")
+                samples = task.samples(lm.tokenizer)
+                ids = [task.encode(lm.tokenizer, s.prompt) for s in samples]
+                record["prompts"] = prompt_stats(samples, ids)
+                if cfg.mode == "prompt_report":
+                    record["status"] = "ok"
+                else:
+                    batch_size = fit_batch_size(record, cfg.batch_size, len(ids))
+                    if cfg.search.max_batch:
+                        batch_size = find_batch_size(cfg, record, lm, policy, ids, budget)
+                    if cfg.search.max_batch and cfg.search.only:
+                        record["status"] = "ok"
+                    else:
+                        rows = execute(cfg, record, lm, policy, task, samples, ids, batch_size, budget)
+            except memory.ModelDoesNotFit:  # bad input, not a measurement: no record
+                recorded = False
+                raise
+            except Exception as e:  # recorded, never lost; the caller decides whether to re-raise
+                record["status"] = "oom" if is_oom(e) else "error"
+                record["error"] = f"{type(e).__name__}: {e}"
+                record["traceback"] = traceback.format_exc(limit=20)
+                if record["status"] == "oom":  # the figure that did not fit: accounted (CPU) or measured (CUDA)
+                    record.update(memory_fields(lm, getattr(e, "account", None)))
+                log.error("run %s ended with %s: %s", record["run_id"], record["status"], record["error"])
+            except BaseException as e:  # interrupted (Ctrl-C, SIGTERM): still leave a record, then stop
+                record["status"] = "interrupted"
+                record["error"] = f"interrupted: {'SIGTERM' if isinstance(e, Terminated) else type(e).__name__}"
+                raise
+            finally:
+                if rows:
+                    path = Path(cfg.results_dir) / "predictions" / f"{record['run_id']}.jsonl"
+                    results.write_jsonl(path, rows)
+                    record["predictions_path"] = str(path)
+                if recorded:
+                    results.append_record(cfg.results_dir, record, release=claim)
+    except Terminated:
+        log.error("run %s interrupted by SIGTERM: recorded, exiting", record["run_id"])
+        raise SystemExit(128 + signal.SIGTERM) from None
     finally:
-        if rows:
-            path = Path(cfg.results_dir) / "predictions" / f"{record['run_id']}.jsonl"
-            results.write_jsonl(path, rows)
-            record["predictions_path"] = str(path)
-        if recorded:
-            results.append_record(cfg.results_dir, record)
+        results.release(cfg.results_dir, claim)
     if record["status"] == "oom":
         memory.release()  # the next run of a sweep starts from the memory this one found
     try:
-        instantiate(cfg.logger).log_run(record, rows, record["config"])
+        logger.log_run(record, rows, record["config"])
     except Exception as e:  # a tracker failure never fails a run
         log.warning("logger failed: %s", e)
     return record
