@@ -190,6 +190,7 @@ def validate(cfg: DictConfig) -> None:
                 raise c from None
             cause = e.__cause__ or e  # e.g. a key the dataclass does not know
             raise ConfigError(key, str(cause).splitlines()[0]) from None
+    build_task(cfg).check_data()  # every data row the run reads, parsed and checked (cached per process)
 
 
 def identity(cfg: DictConfig) -> dict:
