@@ -12,7 +12,7 @@ Mode: `logger.mode` if set, else WANDB_MODE if set, else online when an API key 
 never a failed run, and `wandb.finish()` always runs.
 
 Online without a network: before the run (`start`), when the mode is online, W&B's server
-(WANDB_BASE_URL, default https://api.wandb.ai) must accept a TCP connection within
+(WANDB_BASE_URL, default https://api.wandb.ai) must give an HTTP answer within
 `logger.init_timeout` seconds (also W&B's own init timeout); if it does not, the run logs offline,
 this is said once per process, and the record's `logger` field says so (`mode: offline`,
 `requested: online`, `note`). Without it each run would wait out W&B's own init timeout (~100 s).
@@ -23,8 +23,9 @@ from __future__ import annotations
 import logging
 import netrc
 import os
-import socket
 import threading
+import urllib.error
+import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -64,20 +65,24 @@ def server_url() -> str:
 
 
 def reachable(url: str, timeout: float) -> bool:
-    """Whether `url`'s host accepts a TCP connection within `timeout` s (name lookup included); cached."""
+    """Whether the server at `url` gives any HTTP answer within `timeout` s (name lookup included); cached.
+
+    Any HTTP status counts (W&B itself judges the answer); no name, no route, a refused connection or
+    silence until the timeout do not.
+    """
     if url not in _reachable:
-        parts = urlsplit(url)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
         answered: list[bool] = []
 
-        def connect() -> None:
+        def ask() -> None:
             try:
-                with socket.create_connection((parts.hostname, port), timeout=timeout):
+                with urllib.request.urlopen(url.rstrip("/") + "/healthz", timeout=timeout):
                     answered.append(True)
-            except OSError:
+            except urllib.error.HTTPError:  # an answer, if not a welcome one
+                answered.append(True)
+            except (OSError, ValueError):  # URLError, timeouts, refused connections, a malformed URL
                 answered.append(False)
 
-        t = threading.Thread(target=connect, daemon=True)  # bounds a slow name lookup too
+        t = threading.Thread(target=ask, daemon=True)  # bounds a slow name lookup too
         t.start()
         t.join(timeout)
         _reachable[url] = bool(answered and answered[0])

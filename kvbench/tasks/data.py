@@ -73,7 +73,7 @@ def _lines(path: str) -> Iterator[tuple[int, bytes]]:
             for n, raw in enumerate(f, 1):  # noqa: B007 (n names the line a damaged file ends at)
                 yield n, raw
     except (EOFError, zlib.error, gzip.BadGzipFile) as e:
-        raise ConfigError("data.dir", f"{path} line {n + 1}: the file is damaged or cut short ({e})") from None
+        raise ConfigError("data.dir", f"{path}:{n + 1}: the file is damaged or cut short ({e})") from None
 
 
 @functools.lru_cache(maxsize=32)
@@ -96,7 +96,7 @@ def parse(raw: bytes, where: str) -> dict:
 
 @functools.lru_cache(maxsize=8)
 def _read_mirror(path: str, mtime_ns: int, columns: tuple[str, ...]) -> list[dict]:
-    return [project(parse(raw, f"{path} line {n}"), columns, f"{path} line {n}")
+    return [project(parse(raw, f"{path}:{n}"), columns, f"{path}:{n}")
             for n, raw in _lines(path) if raw.strip()]
 
 
