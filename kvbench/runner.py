@@ -26,6 +26,8 @@ import statistics
 import subprocess
 import traceback
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -230,25 +232,34 @@ class Terminated(BaseException):
     """SIGTERM (what SLURM and most schedulers send) during a run: handled like Ctrl-C."""
 
 
+@dataclass
+class TermGuard:
+    """SIGTERM state of one run: `defer` while its record is written (the signal then waits for the end)."""
+
+    defer: bool = False
+    fired: bool = False
+
+
 @contextlib.contextmanager
-def sigterm_interrupts() -> None:
-    """Within the block, SIGTERM raises Terminated once (later ones are ignored while the record is written)."""
-    if signal.getsignal(signal.SIGTERM) is None or not _main_thread():
-        yield
+def sigterm_interrupts() -> Iterator[TermGuard]:
+    """Within the block, SIGTERM raises Terminated (once; deferred while `guard.defer`), then stops the run."""
+    guard = TermGuard()
+    if not _main_thread():  # signal handlers live in the main thread only
+        yield guard
         return
-    fired = []
 
     def handler(signum, frame):
-        if not fired:
-            fired.append(signum)
-            raise Terminated("SIGTERM")
+        if not guard.fired:
+            guard.fired = True
+            if not guard.defer:
+                raise Terminated("SIGTERM")
 
     previous = signal.signal(signal.SIGTERM, handler)
     try:
-        yield
+        yield guard
     finally:
         signal.signal(signal.SIGTERM, previous)
-        if fired:  # a SIGTERM that came while the record was being written still stops the process
+        if guard.fired:  # also a SIGTERM that came while the record was being written
             raise Terminated("SIGTERM")
 
 
@@ -277,6 +288,12 @@ def run(cfg: DictConfig, lm: LoadedModel | None = None) -> dict:
     validate(cfg)
     policy, task = build_policy(cfg), build_task(cfg)
     record = new_record(cfg, policy, task)
+    logger = instantiate(cfg.logger)
+    record["extensions"] = policy.describe()["extensions"]
+    record["logger"] = logger.start()
+    if record["logger"] and record["logger"].get("note"):
+        record["notes"].append(record["logger"]["note"])
+    budget = memory.budget_of(cfg)
     claim = None
     if cfg.skip_existing:
         claim = results.claim(cfg.results_dir, record["config_hash"])
@@ -288,16 +305,10 @@ def run(cfg: DictConfig, lm: LoadedModel | None = None) -> dict:
             log.info("skip: %s is being run by %s", record["config_hash"], claim.held_by)
             record.update(status="claimed", error=f"claimed by {claim.held_by}")
             return record
-    logger = instantiate(cfg.logger)
-    record["extensions"] = policy.describe()["extensions"]
-    record["logger"] = logger.start()
-    if record["logger"] and record["logger"].get("note"):
-        record["notes"].append(record["logger"]["note"])
-    budget = memory.budget_of(cfg)
     rows: list[dict] = []
     recorded = True
     try:
-        with sigterm_interrupts():
+        with sigterm_interrupts() as guard:
             try:
                 torch.manual_seed(cfg.seed)
                 lm = load_within(cfg, budget, lm)
@@ -333,6 +344,7 @@ def run(cfg: DictConfig, lm: LoadedModel | None = None) -> dict:
                 record["error"] = f"interrupted: {'SIGTERM' if isinstance(e, Terminated) else type(e).__name__}"
                 raise
             finally:
+                guard.defer = True  # the record is written whole, whatever comes
                 if rows:
                     path = Path(cfg.results_dir) / "predictions" / f"{record['run_id']}.jsonl"
                     results.write_jsonl(path, rows)

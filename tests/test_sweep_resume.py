@@ -156,3 +156,30 @@ def test_two_identical_sweeps_at_once_run_each_configuration_once(tmp_path):
     sweep_dirs = list((tmp_path / "results" / "hydra").glob("*/*-multirun"))
     assert len(sweep_dirs) == 2, sweep_dirs
     assert not list((tmp_path / "results" / "claims").iterdir())  # every claim released
+
+
+def test_sigterm_while_the_record_is_written_waits_for_it(tmp_path, monkeypatch):
+    """Case 6: a SIGTERM that arrives while the record is being written never tears it: written, then exit."""
+    import os
+    import signal
+
+    from hydra import compose, initialize_config_dir
+
+    from kvbench import results
+    from kvbench.config import CONF_DIR
+
+    append = results.append_record
+
+    def term_then_append(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered at once, in the middle of the write path
+        return append(*args, **kwargs)
+
+    monkeypatch.setattr(results, "append_record", term_then_append)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[*TINY, f"results_dir={tmp_path}"])
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as exc:
+        runner.run(cfg)
+    assert exc.value.code == 143 and signal.getsignal(signal.SIGTERM) is before  # the handler is put back
+    (rec,) = read_records(tmp_path)
+    assert rec["status"] == "ok" and rec["metrics"]  # the finished run's record, whole
