@@ -425,6 +425,7 @@ def write_report(results_dir: str | Path, out: str | Path | None = None, near_fk
     near = ReproduceConfig.near_fkv if near_fkv is None else near_fkv
     ts = tables(records, near)
     n_err = sum(1 for r in records if r.get("status") == "error")
+    n_int = sum(1 for r in records if r.get("status") == "interrupted")
     bad = [(r.get("run_id"), why) for r in records if (why := unusable(r))]
     if bad:
         log.warning("kvbench-report: %d record(s) left out of the tables: %s", len(bad),
@@ -434,6 +435,7 @@ def write_report(results_dir: str | Path, out: str | Path | None = None, near_fk
         "",
         f"{len(records)} records in runs.jsonl"
         + (f" ({n_err} ended with an error: not in the tables, see runs.csv)" if n_err else "")
+        + (f" ({n_int} interrupted: not in the tables)" if n_int else "")
         + (f" ({len(bad)} the report cannot use: {', '.join(sorted({w for _, w in bad}))})" if bad else "")
         + ". ED: extreme decoding-only eviction, FKV: full cache, BM: Batch-Max; tokens/s: generated"
         " tokens per second, prefill included.",

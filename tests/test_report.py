@@ -207,10 +207,11 @@ def test_records_it_cannot_use_never_crash_the_report(tmp_path):
         f.write(b'{"status": "ok"}\n\xff\xfe\n')
     append_record(tmp_path, {"run_id": "np", "config_hash": "np", "status": "ok"})
     append_record(tmp_path, _rec("odd", "window", 4, 8, 0.1, 30.0, metrics=[1]))
+    append_record(tmp_path, _rec("int", "h2o", 4, 8, status="interrupted", error="interrupted: SIGTERM"))
     report.main([str(tmp_path)])
     text = (tmp_path / "tables.md").read_text()
-    assert text.splitlines()[2].startswith(
-        "3 records in runs.jsonl (2 the report cannot use: metrics is not a mapping, no policy).")
-    assert "| FKV | 4 | - | 0.100 | 30.0 |" in text and "Window" not in text
+    assert text.splitlines()[2].startswith("4 records in runs.jsonl (1 interrupted: not in the tables)"
+                                           " (2 the report cannot use: metrics is not a mapping, no policy).")
+    assert "| FKV | 4 | - | 0.100 | 30.0 |" in text and "Window" not in text and "H2O" not in text
     with open(tmp_path / "runs.csv") as f:
-        assert [r["run_id"] for r in csv.DictReader(f)] == ["ok", "np", "odd"]
+        assert [r["run_id"] for r in csv.DictReader(f)] == ["ok", "np", "odd", "int"]
