@@ -88,7 +88,7 @@ def parse(raw: bytes, where: str) -> dict:
     except UnicodeDecodeError as e:
         raise ConfigError("data.dir", f"{where}: not UTF-8 (byte {e.start + 1} is {raw[e.start:e.start + 1]!r})") from None
     except json.JSONDecodeError as e:
-        raise ConfigError("data.dir", f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+        raise ConfigError("data.dir", f"{where}: invalid JSON at column {e.colno} ({e.msg})") from None
     if not isinstance(row, dict):
         raise ConfigError("data.dir", f"{where}: not a JSON object but {type(row).__name__}")
     return row
