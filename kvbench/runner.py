@@ -16,7 +16,6 @@ accounted on CPU). Loaded models are kept for the next run of the same process
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import functools
 import gc
@@ -26,7 +25,6 @@ import statistics
 import subprocess
 import traceback
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -234,33 +232,31 @@ class Terminated(BaseException):
 
 @dataclass
 class TermGuard:
-    """SIGTERM state of one run: `defer` while its record is written (the signal then waits for the end)."""
+    """SIGTERM during one run: raises Terminated (once) while the run works; while its record is
+    written (`defer`) it waits; `uninstall` then stops the process (exit code 143) if one came."""
 
     defer: bool = False
     fired: bool = False
+    previous: object = None
+    installed: bool = False
 
+    def install(self) -> TermGuard:
+        if _main_thread():  # signal handlers live in the main thread only
+            self.previous, self.installed = signal.signal(signal.SIGTERM, self.handler), True
+        return self
 
-@contextlib.contextmanager
-def sigterm_interrupts() -> Iterator[TermGuard]:
-    """Within the block, SIGTERM raises Terminated (once; deferred while `guard.defer`), then stops the run."""
-    guard = TermGuard()
-    if not _main_thread():  # signal handlers live in the main thread only
-        yield guard
-        return
-
-    def handler(signum, frame):
-        if not guard.fired:
-            guard.fired = True
-            if not guard.defer:
+    def handler(self, signum, frame) -> None:
+        if not self.fired:
+            self.fired = True
+            if not self.defer:
                 raise Terminated("SIGTERM")
 
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield guard
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        if guard.fired:  # also a SIGTERM that came while the record was being written
-            raise Terminated("SIGTERM")
+    def uninstall(self) -> None:
+        if self.installed:
+            signal.signal(signal.SIGTERM, self.previous)
+            self.installed = False
+        if self.fired:
+            raise SystemExit(128 + signal.SIGTERM)
 
 
 def _main_thread() -> bool:
@@ -283,7 +279,7 @@ def fit_batch_size(record: dict, batch_size: int, n: int) -> int:
 def run(cfg: DictConfig, lm: LoadedModel | None = None) -> dict:
     """Run one configuration and append its record; returns the record (also on oom / error).
 
-    SIGTERM and SIGINT leave an `interrupted` record, then stop the process (Terminated exits 143).
+    SIGTERM and SIGINT leave an `interrupted` record, then stop the process (exit code 143 for SIGTERM).
     """
     validate(cfg)
     policy, task = build_policy(cfg), build_task(cfg)
@@ -307,55 +303,55 @@ def run(cfg: DictConfig, lm: LoadedModel | None = None) -> dict:
             return record
     rows: list[dict] = []
     recorded = True
+    term = TermGuard().install()
     try:
-        with sigterm_interrupts() as guard:
-            try:
-                torch.manual_seed(cfg.seed)
-                lm = load_within(cfg, budget, lm)
-                if lm.model.config.num_attention_heads != getattr(lm.model.config, "num_key_value_heads", None) and (
-                    policy.needs_attention
-                ):
-                    record["extensions"].append("gqa_group_mean")
-                samples = task.samples(lm.tokenizer)
-                ids = [task.encode(lm.tokenizer, s.prompt) for s in samples]
-                record["prompts"] = prompt_stats(samples, ids)
-                if cfg.mode == "prompt_report":
-                    record["status"] = "ok"
-                else:
-                    batch_size = fit_batch_size(record, cfg.batch_size, len(ids))
-                    if cfg.search.max_batch:
-                        batch_size = find_batch_size(cfg, record, lm, policy, ids, budget)
-                    if cfg.search.max_batch and cfg.search.only:
-                        record["status"] = "ok"
-                    else:
-                        rows = execute(cfg, record, lm, policy, task, samples, ids, batch_size, budget)
-            except memory.ModelDoesNotFit:  # bad input, not a measurement: no record
-                recorded = False
-                raise
-            except Exception as e:  # recorded, never lost; the caller decides whether to re-raise
-                record["status"] = "oom" if is_oom(e) else "error"
-                record["error"] = f"{type(e).__name__}: {e}"
-                record["traceback"] = traceback.format_exc(limit=20)
-                if record["status"] == "oom":  # the figure that did not fit: accounted (CPU) or measured (CUDA)
-                    record.update(memory_fields(lm, getattr(e, "account", None)))
-                log.error("run %s ended with %s: %s", record["run_id"], record["status"], record["error"])
-            except BaseException as e:  # interrupted (Ctrl-C, SIGTERM): still leave a record, then stop
-                record["status"] = "interrupted"
-                record["error"] = f"interrupted: {'SIGTERM' if isinstance(e, Terminated) else type(e).__name__}"
-                raise
-            finally:
-                guard.defer = True  # the record is written whole, whatever comes
-                if rows:
-                    path = Path(cfg.results_dir) / "predictions" / f"{record['run_id']}.jsonl"
-                    results.write_jsonl(path, rows)
-                    record["predictions_path"] = str(path)
-                if recorded:
-                    results.append_record(cfg.results_dir, record, release=claim)
-    except Terminated:
-        log.error("run %s interrupted by SIGTERM: recorded, exiting", record["run_id"])
-        raise SystemExit(128 + signal.SIGTERM) from None
+        torch.manual_seed(cfg.seed)
+        lm = load_within(cfg, budget, lm)
+        if lm.model.config.num_attention_heads != getattr(lm.model.config, "num_key_value_heads", None) and (
+            policy.needs_attention
+        ):
+            record["extensions"].append("gqa_group_mean")
+        samples = task.samples(lm.tokenizer)
+        ids = [task.encode(lm.tokenizer, s.prompt) for s in samples]
+        record["prompts"] = prompt_stats(samples, ids)
+        if cfg.mode == "prompt_report":
+            record["status"] = "ok"
+        else:
+            batch_size = fit_batch_size(record, cfg.batch_size, len(ids))
+            if cfg.search.max_batch:
+                batch_size = find_batch_size(cfg, record, lm, policy, ids, budget)
+            if cfg.search.max_batch and cfg.search.only:
+                record["status"] = "ok"
+            else:
+                rows = execute(cfg, record, lm, policy, task, samples, ids, batch_size, budget)
+    except memory.ModelDoesNotFit:  # bad input, not a measurement: no record
+        recorded = False
+        raise
+    except Exception as e:  # recorded, never lost; the caller decides whether to re-raise
+        record["status"] = "oom" if is_oom(e) else "error"
+        record["error"] = f"{type(e).__name__}: {e}"
+        record["traceback"] = traceback.format_exc(limit=20)
+        if record["status"] == "oom":  # the figure that did not fit: accounted (CPU) or measured (CUDA)
+            record.update(memory_fields(lm, getattr(e, "account", None)))
+        log.error("run %s ended with %s: %s", record["run_id"], record["status"], record["error"])
+    except BaseException as e:  # interrupted (Ctrl-C, SIGTERM): still leave a record, then stop
+        record["status"] = "interrupted"
+        record["error"] = f"interrupted: {'SIGTERM' if isinstance(e, Terminated) else type(e).__name__}"
+        raise
     finally:
-        results.release(cfg.results_dir, claim)
+        term.defer = True  # the record is written whole, whatever comes
+        try:
+            if rows:
+                path = Path(cfg.results_dir) / "predictions" / f"{record['run_id']}.jsonl"
+                results.write_jsonl(path, rows)
+                record["predictions_path"] = str(path)
+            if recorded:
+                results.append_record(cfg.results_dir, record, release=claim)
+        finally:
+            results.release(cfg.results_dir, claim)
+            if term.fired:
+                log.error("run %s interrupted by SIGTERM: recorded, exiting", record["run_id"])
+            term.uninstall()  # after a SIGTERM: SystemExit(143)
     if record["status"] == "oom":
         memory.release()  # the next run of a sweep starts from the memory this one found
     try:
