@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 
 HELP_FLAGS = {"-h", "--help", "--hydra-help", "--info", "-i", "--version", "-sc", "--shell-completion"}
@@ -134,6 +135,7 @@ def _hydra_entry() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ["KVBENCH_LAUNCHER_PID"] = str(os.getpid())  # Hydra's run/sweep dirs are per process
     try:
         preflight(argv)
     except Exception as e:  # every composition or validation error: one line, exit 2

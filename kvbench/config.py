@@ -149,6 +149,9 @@ def search_candidates(cfg: DictConfig) -> list[int]:
         values = [v for v in values if v <= cfg.search.max]
         if not values:
             raise ConfigError("search.max", "leaves no candidate batch size", cfg.search.max)
+    n = cfg.task.get("n_samples")
+    if isinstance(n, int) and n > 0:  # a batch larger than the data never runs: capped at the sample count
+        values = sorted({min(v, n) for v in values})
     return values
 
 
@@ -203,6 +206,7 @@ def validate(cfg: DictConfig) -> None:
                 raise c from None
             cause = e.__cause__ or e  # e.g. a key the dataclass does not know
             raise ConfigError(key, str(cause).splitlines()[0]) from None
+    build_task(cfg).check_data()  # every data row the run reads, parsed and checked (cached per process)
 
 
 def device_kind(device: str) -> str:

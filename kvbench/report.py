@@ -1,8 +1,8 @@
 """`kvbench-report RESULTS_DIR`: the paper's tables, a CSV of every run and plots, from runs.jsonl.
 
 Writes into RESULTS_DIR (or `--out`):
-- `tables.md`: per model, task, sample count, generation length and attention backend (records of
-  `mode: plan` are no runs and are left out), the paper's layout (Method, b,
+- `tables.md`: per setting (below) and attention backend (records of `mode: plan` are no runs and
+  are left out), the paper's layout (Method, b,
   kv, metric, tokens/s). The summary picks ED's and FKV's fastest runs and, for every other method,
   the fastest run at FKV's metric or above ("BM >= FKV") and at `--near-fkv` of it ("BM >= 96% FKV",
   the paper's second Batch-Max row); "All runs" lists every configuration. A known out-of-memory
@@ -11,8 +11,17 @@ Writes into RESULTS_DIR (or `--out`):
 - `plots/*.png`: per table, the metric vs throughput (one point per run, the FKV level as a line),
   the largest batch size the search found per method and kv, and peak memory vs batch size.
 
-Only the latest record of a configuration (its `config_hash`) that ended ok or oom counts. The
-metric column is ROUGE-2 when a run has it, else accuracy. Method names: ED extreme decoding-only,
+Settings are kept apart: one table per setting, the whole resolved config (`record["config"]`) minus
+the knobs a table compares (COMPARED: the policy and its hyper-parameters, the batch size, the
+search keys, where results, logs and data live), so runs with another n_shot, seed, prompt style,
+input cut, ignore_eos, context length, budget or device never share a table, and ED's and FKV's
+reference rows come from the same setting only. A heading names what its setting has that other
+settings of the same model and task do not (e.g. `task.n_shot=0`). A search where not even the
+smallest batch fits is a row "(b=1 OOM)".
+
+Only the latest record of a configuration (its `config_hash`) that ended ok or oom counts; a record
+the report cannot use (no policy, no batch size, metrics that are no mapping) is left out and
+counted in the header, never a crash. The metric column is ROUGE-2 when a run has it, else accuracy. Method names: ED extreme decoding-only,
 FKV full cache, BM Batch-Max; "(P&D)" / "(D)" marks a policy run under the schedule it does not
 default to.
 """
@@ -21,7 +30,9 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +50,10 @@ CSV_FIELDS = (
     "throughput_tok_s", "prefill_s", "decode_s", "wall_s", "generated_tokens", "peak_kv_bytes", "peak_mem_bytes",
 )
 GiB = 2**30
+# keys of record["config"] that a table compares (or that say where things live), not its setting
+COMPARED = ("policy", "batch_size", "search", "results_dir", "logger", "output", "skip_existing",
+            "experiment_name", "reproduce", "data.dir")
+log = logging.getLogger("kvbench")
 
 
 @dataclass(frozen=True)
@@ -91,9 +106,65 @@ def attention_of(rec: dict) -> str:
     return "sdpa" if name == "auto" and str(rec.get("device", "")).startswith("cpu") else str(name)
 
 
+def flat(d, prefix: str = "") -> dict[str, object]:
+    """{"a": {"b": 1}} -> {"a.b": 1}."""
+    out: dict[str, object] = {}
+    for k, v in (d.items() if isinstance(d, dict) else []):
+        if isinstance(v, dict) and v:
+            out.update(flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def setting(rec: dict) -> dict[str, object]:
+    """The record's setting: its resolved config (flattened) minus COMPARED, plus the title fields."""
+    config = {k: v for k, v in flat(rec.get("config")).items()
+              if not any(k == c or k.startswith(c + ".") for c in COMPARED)}
+    return {**config, "model": rec.get("model"), "task": rec.get("task"), "n_samples": rec.get("n_samples"),
+            "max_new_tokens": rec.get("max_new_tokens")}
+
+
 def group_key(rec: dict) -> tuple:
-    return (str(rec.get("model")), str(rec.get("task")), rec.get("n_samples") or 0, rec.get("max_new_tokens") or 0,
-            attention_of(rec))
+    """(model, task, n_samples, max_new_tokens, the rest of the setting as JSON, attention backend): one table each."""
+    s = setting(rec)
+    rest = {k: v for k, v in s.items() if k not in TITLE and k != "gen.attention"}  # the backend: resolved, last
+    return (str(s["model"]), str(s["task"]), _int(s["n_samples"]) or 0, _int(s["max_new_tokens"]) or 0,
+            json.dumps(rest, sort_keys=True, default=str), attention_of(rec))
+
+
+TITLE = ("model", "task", "n_samples", "max_new_tokens")
+SHOWN_ELSEWHERE = ("model.name", "task.n_samples", "gen.max_new_tokens")  # already in the title
+
+
+def _int(v) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def unusable(rec: dict) -> str | None:
+    """Why the report cannot use this record (None: it can)."""
+    if not isinstance(rec.get("policy"), str):
+        return "no policy"
+    if not isinstance(rec.get("metrics") or {}, dict):
+        return "metrics is not a mapping"
+    if not isinstance(rec.get("search") or {}, dict):
+        return "search is not a mapping"
+    if rec.get("status") == "ok" and _int(rec.get("batch_size")) is None and not (rec.get("search") or {}):
+        return "no batch size"
+    return None
+
+
+def differences(keys: list[tuple]) -> dict[tuple, str]:
+    """Group key -> "k=v, ..." of the setting keys that differ between groups of the same model and task."""
+    out = {}
+    for key in keys:
+        rivals = [k for k in keys if k[:2] == key[:2]]
+        mine = json.loads(key[4])
+        others = [json.loads(k[4]) for k in rivals if k != key]
+        shown = sorted(k for k in set(mine).union(*others)
+                       if k not in SHOWN_ELSEWHERE and any(o.get(k) != mine.get(k) for o in others))
+        out[key] = ", ".join(f"{k}={json.dumps(mine.get(k), default=str)}" for k in shown)
+    return out
 
 
 @dataclass
@@ -106,17 +177,22 @@ class Table:
     ooms: list[Row]
     records: list[tuple[str, dict]]  # (method, record)
     near_fkv: float
+    differs: str = ""  # what this table's setting has that others of its model and task do not
+    unique: bool = True  # the only table of its model, task, samples and length (short slug)
 
     @property
     def title(self) -> str:
-        model, task, n, new, attention = self.key
-        return f"{model} · {task} · {n} samples · {new} new tokens · {attention} attention"
+        model, task, n, new = self.key[:4]
+        head = f"{model} · {task} · {n} samples · {new} new tokens · {self.key[5]} attention"
+        return head + (f" · {self.differs}" if self.differs else "")
 
     @property
     def slug(self) -> str:
-        model, task, n, new, attention = self.key
+        model, task, n, new = self.key[:4]
+        attention = self.key[5]
         suffix = "" if attention in ("sdpa", "auto") else f"_{attention}"  # the names plots had before backends
-        return f"{model}_{task}_n{n}_new{new}{suffix}".replace("/", "-")
+        tag = "" if self.unique else "_" + hashlib.sha1(self.key[4].encode()).hexdigest()[:8]
+        return f"{model}_{task}_n{n}_new{new}{suffix}{tag}".replace("/", "-")
 
     @property
     def metric_name(self) -> str:
@@ -139,8 +215,11 @@ class Table:
         out = []
         for m in ("ED", "FKV"):
             best = self.fastest([r for r in self.runs if r.method == m])
+            ooms = [o for o in self.ooms if o.method == m]
             if best:
                 out.append((m, best))
+            elif ooms:  # nothing fits (e.g. a search at a tight budget): its smallest out-of-memory batch
+                out.append((m, min(ooms, key=lambda o: o.b)))
         fkv = self.fkv
         if fkv is None:
             return out
@@ -164,7 +243,7 @@ class Table:
             lines += [head]
             for label, row in summary:
                 lines.append(line([label, *row.cells()[1:]]))
-                oom = self.first_oom(row)
+                oom = None if row.oom else self.first_oom(row)
                 if oom:
                     lines.append(line([label, *oom.cells()[1:]]))
             fkv = self.fkv
@@ -199,39 +278,52 @@ def tables(records: list[dict], near_fkv: float) -> list[Table]:
     defaults = default_schedules()
     groups: dict[tuple, list[dict]] = {}
     for r in latest(records):
-        groups.setdefault(group_key(r), []).append(r)
+        if unusable(r) is None:
+            groups.setdefault(group_key(r), []).append(r)
+    differs = differences(list(groups))
+    titles = [(k[:4], k[5]) for k in groups]
     out = []
     for key in sorted(groups):
         recs = groups[key]
         metric = metric_key(recs)
         runs, ooms, labelled = [], set(), []
         for r in recs:
-            m, kv = method_of(r, defaults), r.get("kv_size")
+            m, kv, b = method_of(r, defaults), r.get("kv_size"), _int(r.get("batch_size"))
+            search = r.get("search") or {}
             labelled.append((m, r))
+            first = _int(search.get("first_oom_batch_size"))
             if r["status"] == "oom":
-                ooms.add(Row(m, r["batch_size"], kv, oom=True))
-            elif r.get("throughput_tok_s") is not None and metric in (r.get("metrics") or {}):
-                runs.append(Row(m, r["batch_size"], kv, r["metrics"][metric], r["throughput_tok_s"]))
-            first = (r.get("search") or {}).get("first_oom_batch_size")
+                # nothing fitted when the search found no batch size: the oom is its first (smallest) trial
+                b = first if search and search.get("max_batch_size") is None else b
+                if b is not None:
+                    ooms.add(Row(m, b, kv, oom=True))
+            elif b is not None and _number(r.get("throughput_tok_s")) and _number((r.get("metrics") or {}).get(metric)):
+                runs.append(Row(m, b, kv, r["metrics"][metric], r["throughput_tok_s"]))
             if first:
                 ooms.add(Row(m, first, kv, oom=True))
-        out.append(Table(key, metric, runs, sorted(ooms, key=order), labelled, near_fkv))
+        out.append(Table(key, metric, runs, sorted(ooms, key=order), labelled, near_fkv, differs[key],
+                         titles.count((key[:4], key[5])) == 1))
     return out
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 # ------------------------------------------------------------------------------------------ files
 def write_csv(records: list[dict], path: Path) -> None:
-    metric_keys = sorted({k for r in records for k in (r.get("metrics") or {})})
+    metric_keys = sorted({k for r in records if isinstance(r.get("metrics"), dict) for k in r["metrics"]})
     fields = [*CSV_FIELDS, *(f"metric_{k}" for k in metric_keys), "search_max_batch_size",
               "search_first_oom_batch_size", "error", "predictions_path"]
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
         for r in records:
-            search = r.get("search") or {}
+            search = r.get("search") if isinstance(r.get("search"), dict) else {}
+            metrics = r.get("metrics") if isinstance(r.get("metrics"), dict) else {}
             w.writerow({
                 **{k: r.get(k) for k in (*CSV_FIELDS, "error", "predictions_path")},
-                **{f"metric_{k}": v for k, v in (r.get("metrics") or {}).items()},
+                **{f"metric_{k}": v for k, v in metrics.items()},
                 "search_max_batch_size": search.get("max_batch_size"),
                 "search_first_oom_batch_size": search.get("first_oom_batch_size"),
             })
@@ -312,7 +404,7 @@ def plot_table(t: Table, out: Path) -> list[str]:
         for trial in (r.get("search") or {}).get("trials") or []:
             if trial.get("peak_mem_bytes"):
                 points[trial["batch_size"]] = (trial["peak_mem_bytes"] / GiB, trial.get("status") == "oom")
-        if r.get("peak_mem_bytes"):
+        if r.get("peak_mem_bytes") and _int(r.get("batch_size")) is not None:
             points[r["batch_size"]] = (r["peak_mem_bytes"] / GiB, r["status"] == "oom")
     mem = {k: v for k, v in mem.items() if v}
     if mem:
@@ -343,11 +435,18 @@ def write_report(results_dir: str | Path, out: str | Path | None = None, near_fk
     near = ReproduceConfig.near_fkv if near_fkv is None else near_fkv
     ts = tables(records, near)
     n_err = sum(1 for r in records if r.get("status") == "error")
+    n_int = sum(1 for r in records if r.get("status") == "interrupted")
+    bad = [(r.get("run_id"), why) for r in records if (why := unusable(r))]
+    if bad:
+        log.warning("kvbench-report: %d record(s) left out of the tables: %s", len(bad),
+                    "; ".join(f"{i}: {why}" for i, why in bad[:10]))
     parts = [
         "# kvbench results",
         "",
         f"{len(records)} records in runs.jsonl"
         + (f" ({n_err} ended with an error: not in the tables, see runs.csv)" if n_err else "")
+        + (f" ({n_int} interrupted: not in the tables)" if n_int else "")
+        + (f" ({len(bad)} the report cannot use: {', '.join(sorted({w for _, w in bad}))})" if bad else "")
         + ". ED: extreme decoding-only eviction, FKV: full cache, BM: Batch-Max; tokens/s: generated"
         " tokens per second, prefill included.",
         "",

@@ -20,10 +20,12 @@ import datetime as dt
 import functools
 import gc
 import logging
+import signal
 import statistics
 import subprocess
 import traceback
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -134,6 +136,8 @@ def new_record(cfg: DictConfig, policy, task) -> dict:
         "search": None,
         "attention": None,  # the attention backend really used (kvbench.attention.resolve), once the model is loaded
         "extensions": [],
+        "notes": [],
+        "logger": None,
         "prompts": None,
         "config": OmegaConf.to_container(cfg, resolve=True),
         "predictions_path": None,
@@ -216,9 +220,12 @@ def execute(
 
 
 def find_batch_size(cfg: DictConfig, record: dict, lm: LoadedModel, policy, ids, budget) -> int:
-    """search.max_batch: record the search, return the batch size it found (OutOfMemory if none fits)."""
+    """search.max_batch: record the search, return the batch size it found (OutOfMemory if none fits).
+
+    When nothing fits, the record's batch size is the smallest one tried (the one that ran out).
+    """
     result = search.max_batch(cfg, lm, policy, ids, budget)
-    record.update(search=result.to_record(), batch_size=result.max_batch_size)
+    record.update(search=result.to_record(), batch_size=result.max_batch_size or result.first_oom_batch_size)
     if result.max_batch_size is None:
         kind = result.trials[-1].oom_kind  # the smallest candidate's trial (the search stops there)
         raise OutOfMemory(f"search: not even batch size {result.first_oom_batch_size} fits", kind=kind)
@@ -227,20 +234,84 @@ def find_batch_size(cfg: DictConfig, record: dict, lm: LoadedModel, policy, ids,
     return result.max_batch_size
 
 
+class Terminated(BaseException):
+    """SIGTERM (what SLURM and most schedulers send) during a run: handled like Ctrl-C."""
+
+
+@dataclass
+class TermGuard:
+    """SIGTERM during one run: raises Terminated (once) while the run works; while its record is
+    written (`defer`) it waits; `uninstall` then stops the process (exit code 143) if one came."""
+
+    defer: bool = False
+    fired: bool = False
+    previous: object = None
+    installed: bool = False
+
+    def install(self) -> TermGuard:
+        if _main_thread():  # signal handlers live in the main thread only
+            self.previous, self.installed = signal.signal(signal.SIGTERM, self.handler), True
+        return self
+
+    def handler(self, signum, frame) -> None:
+        if not self.fired:
+            self.fired = True
+            if not self.defer:
+                raise Terminated("SIGTERM")
+
+    def uninstall(self) -> None:
+        if self.installed:
+            signal.signal(signal.SIGTERM, self.previous)
+            self.installed = False
+        if self.fired:
+            raise SystemExit(128 + signal.SIGTERM)
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def fit_batch_size(record: dict, batch_size: int, n: int) -> int:
+    """A fixed batch larger than the data runs (and is recorded) at the data's size, with a warning."""
+    if batch_size > n:
+        note = f"batch_size={batch_size} is larger than the {n} samples: ran and recorded batch size {n}"
+        log.warning(note)
+        record["notes"].append(note)
+        batch_size = n
+    record["batch_size"] = batch_size
+    return batch_size
+
+
 def run(cfg: DictConfig, lm: LoadedModel | None = None) -> dict:
-    """Run one configuration and append its record; returns the record (also on oom / error)."""
+    """Run one configuration and append its record; returns the record (also on oom / error).
+
+    SIGTERM and SIGINT leave an `interrupted` record, then stop the process (exit code 143 for SIGTERM).
+    """
     validate(cfg)
     policy, task = build_policy(cfg), build_task(cfg)
     record = new_record(cfg, policy, task)
+    logger = instantiate(cfg.logger)
+    record["extensions"] = policy.describe()["extensions"]
+    record["logger"] = logger.start()
+    if record["logger"] and record["logger"].get("note"):
+        record["notes"].append(record["logger"]["note"])
+    budget = memory.budget_of(cfg)
+    claim = None
     if cfg.skip_existing:
-        done = results.finished(cfg.results_dir, record["config_hash"])
-        if done is not None:
+        claim = results.claim(cfg.results_dir, record["config_hash"])
+        if claim.done is not None:
+            done = claim.done
             log.info("skip: %s already recorded as %s (%s)", record["config_hash"], done["status"], done.get("run_id"))
             return done
-    record["extensions"] = policy.describe()["extensions"]
-    budget = memory.budget_of(cfg)
+        if claim.held_by is not None:
+            log.info("skip: %s is being run by %s", record["config_hash"], claim.held_by)
+            record.update(status="claimed", error=f"claimed by {claim.held_by}")
+            return record
     rows: list[dict] = []
     recorded = True
+    term = TermGuard().install()
     try:
         torch.manual_seed(cfg.seed)
         lm = load_within(cfg, budget, lm)
@@ -255,7 +326,7 @@ def run(cfg: DictConfig, lm: LoadedModel | None = None) -> dict:
         if cfg.mode == "prompt_report":
             record["status"] = "ok"
         else:
-            batch_size = cfg.batch_size
+            batch_size = fit_batch_size(record, cfg.batch_size, len(ids))
             if cfg.search.max_batch:
                 batch_size = find_batch_size(cfg, record, lm, policy, ids, budget)
             if cfg.search.max_batch and cfg.search.only:
@@ -273,20 +344,28 @@ def run(cfg: DictConfig, lm: LoadedModel | None = None) -> dict:
         if record["status"] == "oom":  # the figure that did not fit: accounted (CPU) or measured (CUDA)
             record.update(memory_fields(lm, getattr(e, "account", None)))
         log.error("run %s ended with %s: %s", record["run_id"], record["status"], record["error"])
-    except BaseException:  # interrupted: still leave a record, then stop
-        record["error"] = "interrupted"
+    except BaseException as e:  # interrupted (Ctrl-C, SIGTERM): still leave a record, then stop
+        record["status"] = "interrupted"
+        record["error"] = f"interrupted: {'SIGTERM' if isinstance(e, Terminated) else type(e).__name__}"
         raise
     finally:
-        if rows:
-            path = Path(cfg.results_dir) / "predictions" / f"{record['run_id']}.jsonl"
-            results.write_jsonl(path, rows)
-            record["predictions_path"] = str(path)
-        if recorded:
-            results.append_record(cfg.results_dir, record)
+        term.defer = True  # the record is written whole, whatever comes
+        try:
+            if rows:
+                path = Path(cfg.results_dir) / "predictions" / f"{record['run_id']}.jsonl"
+                results.write_jsonl(path, rows)
+                record["predictions_path"] = str(path)
+            if recorded:
+                results.append_record(cfg.results_dir, record, release=claim)
+        finally:
+            results.release(cfg.results_dir, claim)
+            if term.fired:
+                log.error("run %s interrupted by SIGTERM: recorded, exiting", record["run_id"])
+            term.uninstall()  # after a SIGTERM: SystemExit(143)
     if record["status"] == "oom":
         memory.release()  # the next run of a sweep starts from the memory this one found
     try:
-        instantiate(cfg.logger).log_run(record, rows, record["config"])
+        logger.log_run(record, rows, record["config"])
     except Exception as e:  # a tracker failure never fails a run
         log.warning("logger failed: %s", e)
     return record

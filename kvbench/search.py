@@ -6,11 +6,15 @@ monotone in the batch size. Each trial is a real probe of the worst case: the b 
 the sample set (cycled when b exceeds it), the cache allocated for the full generation length, the
 prefill and `search.decode_steps` decode steps, under the run's budget (accounted on CPU, the real
 cap on CUDA). On CPU, `search.probe=account` decides a trial from the accounted peak alone without
-running it: the same verdict (the CPU budget is accounted anyway), minutes faster for long prompts.
+running it: the same verdict, minutes faster for long prompts. On CPU a real probe is decided by the
+accounted budget too (the budget admits or refuses each batch from its accounted peak before it
+allocates), so it costs the probe's time and adds no measurement; the result says what decided
+(`decided_by`: "accounted" on CPU, "measured" under a CUDA cap) and how long it took.
 Before every trial memory is released (gc, empty_cache) and its level taken; after an out-of-memory
 trial the level is taken again *without* collecting (the engine frees a batch's cache by reference
 counting when it returns or raises, so a cache only the collector could free is a leak) and must be
-back where it was; a difference is logged and kept in the trial as `leaked_bytes`. The result is the paper's pair: the largest batch that fits and the first
+back where it was; a difference is logged and kept in the trial as `leaked_bytes`. The result is the
+paper's pair: the largest batch that fits and the first
 that does not (b0).
 """
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -43,6 +48,9 @@ class SearchResult:
     max_batch_size: int | None  # None: not even the smallest candidate fits
     first_oom_batch_size: int | None  # None: every candidate up to the largest fits
     trials: list[Trial] = field(default_factory=list)
+    decided_by: str | None = None  # "accounted" (CPU: the accounted budget, either probe) | "measured" (CUDA)
+    probe: str | None = None  # search.probe
+    wall_s: float | None = None  # the search's time
 
     def to_record(self) -> dict:
         return asdict(self)
@@ -128,5 +136,9 @@ def probe(cfg, lm, policy, ids: list[list[int]], batch_size: int, budget: memory
 
 
 def max_batch(cfg, lm, policy, ids: list[list[int]], budget: memory.Budget | None) -> SearchResult:
-    """Search `search.candidates` (capped by `search.max`) for the largest batch size that fits."""
-    return search(search_candidates(cfg), lambda b: probe(cfg, lm, policy, ids, b, budget))
+    """Search `search.candidates` (capped by `search.max` and the sample count) for the largest batch that fits."""
+    start = time.perf_counter()
+    result = search(search_candidates(cfg), lambda b: probe(cfg, lm, policy, ids, b, budget))
+    result.decided_by = "measured" if memory.cuda_devices(lm.model) else "accounted"
+    result.probe, result.wall_s = cfg.search.probe, round(time.perf_counter() - start, 3)
+    return result

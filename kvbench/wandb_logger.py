@@ -10,6 +10,12 @@ Mode: `logger.mode` if set, else WANDB_MODE if set, else online when an API key 
 (WANDB_API_KEY, or the ~/.netrc entry `wandb login` writes), else offline: the run lands in
 `logger.dir`/wandb/offline-run-*, to upload later with `wandb sync`. A W&B failure is a warning,
 never a failed run, and `wandb.finish()` always runs.
+
+Online without a network: before the run (`start`), when the mode is online, W&B's server
+(WANDB_BASE_URL, default https://api.wandb.ai) must give an HTTP answer within
+`logger.init_timeout` seconds (also W&B's own init timeout); if it does not, the run logs offline,
+this is said once per process, and the record's `logger` field says so (`mode: offline`,
+`requested: online`, `note`). Without it each run would wait out W&B's own init timeout (~100 s).
 """
 
 from __future__ import annotations
@@ -17,6 +23,9 @@ from __future__ import annotations
 import logging
 import netrc
 import os
+import threading
+import urllib.error
+import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -44,6 +53,40 @@ def resolve_mode(mode: str | None) -> str | None:
     if mode or os.environ.get("WANDB_MODE"):
         return mode
     return "online" if configured() else "offline"
+
+
+DEFAULT_URL = "https://api.wandb.ai"
+_reachable: dict[str, bool] = {}  # server URL -> answered (checked once per process)
+_said: set[str] = set()  # server URLs whose offline fallback was already announced
+
+
+def server_url() -> str:
+    return os.environ.get("WANDB_BASE_URL") or DEFAULT_URL
+
+
+def reachable(url: str, timeout: float) -> bool:
+    """Whether the server at `url` gives any HTTP answer within `timeout` s (name lookup included); cached.
+
+    Any HTTP status counts (W&B itself judges the answer); no name, no route, a refused connection or
+    silence until the timeout do not.
+    """
+    if url not in _reachable:
+        answered: list[bool] = []
+
+        def ask() -> None:
+            try:
+                with urllib.request.urlopen(url.rstrip("/") + "/healthz", timeout=timeout):
+                    answered.append(True)
+            except urllib.error.HTTPError:  # an answer, if not a welcome one
+                answered.append(True)
+            except (OSError, ValueError):  # URLError, timeouts, refused connections, a malformed URL
+                answered.append(False)
+
+        t = threading.Thread(target=ask, daemon=True)  # bounds a slow name lookup too
+        t.start()
+        t.join(timeout)
+        _reachable[url] = bool(answered and answered[0])
+    return _reachable[url]
 
 
 def run_name(record: dict) -> str:
@@ -78,11 +121,30 @@ class WandbLogger:
     """Logs one kvbench run to W&B (see the module docstring); fields are the `logger.*` keys."""
 
     def __init__(self, project: str = "kvbench", entity: str | None = None, mode: str | None = None,
-                 dir: str | None = None, tags: list[str] | None = None, log_predictions: bool = True):
+                 dir: str | None = None, tags: list[str] | None = None, log_predictions: bool = True,
+                 init_timeout: float = 5.0):
         self.project, self.entity, self.mode, self.dir = project, entity, mode, dir
-        self.tags, self.log_predictions = list(tags or []), log_predictions
+        self.tags, self.log_predictions, self.init_timeout = list(tags or []), log_predictions, init_timeout
+        self.used_mode: str | None = None  # set by start(): the mode handed to wandb.init
+
+    def start(self) -> dict:
+        """Decide the mode before the run: online falls back to offline when W&B cannot be reached."""
+        mode = resolve_mode(self.mode)
+        requested = mode or os.environ.get("WANDB_MODE") or "online"
+        self.used_mode, out = mode, {"name": "wandb", "mode": requested}
+        if requested == "online" and not reachable(server_url(), self.init_timeout):
+            note = (f"logger=wandb: {server_url()} did not answer within {self.init_timeout:g} s: "
+                    "logging offline (upload later with `wandb sync`)")
+            if server_url() not in _said:
+                _said.add(server_url())
+                log.warning(note)
+            self.used_mode = "offline"
+            out.update(mode="offline", requested="online", note=note)
+        return out
 
     def log_run(self, record: dict, predictions: list[dict], config: dict) -> None:
+        if self.used_mode is None:
+            self.start()
         try:
             import wandb
         except ImportError as e:
@@ -99,9 +161,9 @@ class WandbLogger:
                 name=run_name(record),
                 config={**config, "kvbench": {k: record.get(k) for k in IDENTITY}},
                 tags=[*self.tags, str(record.get("policy")), str(record.get("status"))],
-                mode=resolve_mode(self.mode),
+                mode=self.used_mode,
                 dir=self.dir,
-                settings=wandb.Settings(console="off"),
+                settings=wandb.Settings(console="off", init_timeout=self.init_timeout),
             )
             run.summary.update(summary(record))
             if self.log_predictions and predictions:

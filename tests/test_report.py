@@ -152,3 +152,66 @@ def test_fkv_at_zero_is_flagged(tmp_path):
     text = (tmp_path / "tables.md").read_text()
     assert "| BM ≥ FKV (also ≥ 96% FKV) | 8 | 128 | 0.000 | 40.0 |" in text
     assert "FKV scores 0, so every run meets its level" in text
+
+
+# ------------------------------------------------------------------------ issue 13: truthful tables
+def _setting(n_shot, **more):
+    return {"task": {"n_shot": n_shot, "seed": 0, "prompt_style": "chat"}, "memory": {"budget_gb": 31.75},
+            "device": "cuda", **more}
+
+
+def test_settings_are_kept_apart(tmp_path):
+    """Case 4: runs of another n_shot are another table, named by what differs; FKV comes from its own."""
+    for r in [
+        _rec("f0", "full", 4, None, 0.100, 30.0, config=_setting(0, batch_size=4)),
+        _rec("b0", "batch_max", 32, 512, 0.099, 70.0, schedule="prefill_and_decode",
+             config=_setting(0, batch_size=32, policy={"kv_size": 512})),
+        _rec("f1", "full", 4, None, 0.150, 29.0, config=_setting(1, batch_size=4, search={"max_batch": False})),
+        _rec("b1", "batch_max", 32, 512, 0.120, 72.0, schedule="prefill_and_decode",
+             config=_setting(1, batch_size=32, policy={"kv_size": 512}, results_dir="elsewhere")),
+    ]:
+        append_record(tmp_path, r)
+    report.main([str(tmp_path), "--no-plots"])
+    text = (tmp_path / "tables.md").read_text()
+    sections = text.split("\n## ")[1:]
+    assert [s.splitlines()[0] for s in sections] == [
+        "llama2-13b-chat · cnndm · 960 samples · 512 new tokens · auto attention · task.n_shot=0",
+        "llama2-13b-chat · cnndm · 960 samples · 512 new tokens · auto attention · task.n_shot=1",
+    ]
+    zero, one = sections
+    assert zero.count("| FKV | 4 |") == 2 and "| FKV | 4 | - | 0.100 | 30.0 |" in zero  # summary + all runs
+    assert "| BM ≥ 96% FKV | 32 | 512 | 0.099 | 70.0 |" in zero
+    assert "0.150" not in zero and "0.100" not in one
+    assert "| BM ≥" not in one  # 0.120 < 0.96 x its own FKV (0.150): no pick, whatever the other table's FKV
+
+
+def test_a_search_where_nothing_fits_is_an_oom_row(tmp_path):
+    """Case 5: ED at a tight budget fits no batch (record batch_size null, as kvbench wrote it): "(b=1 OOM)"."""
+    nothing = {"max_batch_size": None, "first_oom_batch_size": 1, "trials": [
+        {"batch_size": 1, "status": "oom", "peak_mem_bytes": 40 * GiB}]}
+    for r in [_rec("ed", "extreme_decode", None, 2, status="oom", schedule="decode_only", search=nothing,
+                   peak_mem_bytes=40 * GiB),
+              _rec("bm", "batch_max", None, 256, status="oom", schedule="prefill_and_decode", search=nothing),
+              _rec("f", "full", 1, None, status="oom")]:
+        append_record(tmp_path, r)
+    report.main([str(tmp_path)])
+    text = (tmp_path / "tables.md").read_text()
+    assert "| ED | (b=1 OOM) | 2 | - | - |" in text and "| FKV | (b=1 OOM) | - | - | - |" in text
+    assert "| BM | (b=1 OOM) | 256 | - | - |" in text
+
+
+def test_records_it_cannot_use_never_crash_the_report(tmp_path):
+    """Case 2: a non-UTF-8 line, a stub and records without a policy or with odd fields: left out, counted."""
+    append_record(tmp_path, _rec("ok", "full", 4, None, 0.1, 30.0))
+    with open(tmp_path / "runs.jsonl", "ab") as f:
+        f.write(b'{"status": "ok"}\n\xff\xfe\n')
+    append_record(tmp_path, {"run_id": "np", "config_hash": "np", "status": "ok"})
+    append_record(tmp_path, _rec("odd", "window", 4, 8, 0.1, 30.0, metrics=[1]))
+    append_record(tmp_path, _rec("int", "h2o", 4, 8, status="interrupted", error="interrupted: SIGTERM"))
+    report.main([str(tmp_path)])
+    text = (tmp_path / "tables.md").read_text()
+    assert text.splitlines()[2].startswith("4 records in runs.jsonl (1 interrupted: not in the tables)"
+                                           " (2 the report cannot use: metrics is not a mapping, no policy).")
+    assert "| FKV | 4 | - | 0.100 | 30.0 |" in text and "Window" not in text and "H2O" not in text
+    with open(tmp_path / "runs.csv") as f:
+        assert [r["run_id"] for r in csv.DictReader(f)] == ["ok", "np", "odd", "int"]

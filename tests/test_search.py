@@ -22,6 +22,7 @@ from kvbench.results import read_jsonl, read_records
 TINY = ["model=tiny-llama", "task.n_samples=3", "task.context_tokens=40", "gen.max_new_tokens=4",
         "policy=batch_max", "policy.kv_size=32", "policy.evict_every=8"]
 CANDIDATES = [1, 2, 3, 4, 6, 8, 12, 16]
+TINY16 = [o if o != "task.n_samples=3" else "task.n_samples=16" for o in TINY]  # every candidate <= the samples
 
 
 def _compose(*overrides):
@@ -64,11 +65,11 @@ def test_search_finds_the_boundary(candidates, limit):
 
 # ------------------------------------------------------------------------------------- real probes
 def test_budget_between_two_footprints_gives_the_smaller_batch(tmp_path):
-    cfg = _compose(*TINY, f"search.candidates={CANDIDATES}")
+    cfg = _compose(*TINY16, f"search.candidates={CANDIDATES}")
     fp = _probe_footprints(cfg)
     assert all(fp[a] < fp[b] for a, b in zip(CANDIDATES[:-1], CANDIDATES[1:], strict=True))
     budget = (fp[6] + fp[8]) / 2 / memory.GiB
-    record = runner.run(_compose(*TINY, f"search.candidates={CANDIDATES}", "search.max_batch=true",
+    record = runner.run(_compose(*TINY16, f"search.candidates={CANDIDATES}", "search.max_batch=true",
                                  "search.only=true", f"memory.budget_gb={budget}", f"results_dir={tmp_path}"))
     s = record["search"]
     assert (record["status"], record["batch_size"], s["max_batch_size"], s["first_oom_batch_size"]) == ("ok", 6, 6, 8)
@@ -163,7 +164,7 @@ def test_account_probes_give_the_same_verdicts_as_real_ones(tmp_path):
     from kvbench.config import CONF_DIR
     from kvbench.runner import run
 
-    common = ["model=tiny-llama", "task.n_samples=4", "task.context_tokens=256", "gen.max_new_tokens=8",
+    common = ["model=tiny-llama", "task.n_samples=32", "task.context_tokens=256", "gen.max_new_tokens=8",
               "policy=batch_max", "policy.kv_size=64", "policy.evict_every=16", "search.max_batch=true",
               "search.only=true", "search.candidates=[1,2,3,4,6,8,12,16,24,32]", "memory.budget_gb=0.0015",
               f"results_dir={tmp_path}"]
@@ -174,3 +175,14 @@ def test_account_probes_give_the_same_verdicts_as_real_ones(tmp_path):
     assert [(t["batch_size"], t["status"]) for t in acct["trials"]] == [
         (t["batch_size"], t["status"]) for t in real["trials"]
     ]
+
+
+def test_a_cpu_search_says_the_accounted_budget_decided(tmp_path):
+    """Case 10: on CPU, search.probe=real runs each probe but the accounted budget decides: the record says so."""
+    cfg = _compose(*TINY)
+    budget = runner.load_model(cfg).weights_bytes * 1.001 / memory.GiB
+    record = runner.run(_compose(*TINY, "search.max_batch=true", "search.only=true", f"results_dir={tmp_path}",
+                                 f"memory.budget_gb={budget}"))
+    s = record["search"]
+    assert (s["decided_by"], s["probe"]) == ("accounted", "real") and s["wall_s"] >= 0
+    assert record["batch_size"] == s["first_oom_batch_size"] == 1  # nothing fits: the batch that ran out

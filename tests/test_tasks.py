@@ -476,3 +476,49 @@ def test_smollm2_on_the_shared_mirror(name, max_new, tmp_path):
     record = runner.run(cfg)
     assert record["status"] == "ok", record["error"]
     assert_metrics_recomputable(record, build_task(cfg))
+
+
+# ----------------------------------------------------------------- issue 13: bad data found before the model
+def _damage(root, how):
+    """Damage gsm8k/test (or train, the exemplars) in `root`; returns (file, line) the message must name."""
+    test, train = root / "gsm8k" / "test.jsonl.gz", root / "gsm8k" / "train.jsonl.gz"
+    rows = [json.dumps(r).encode() for r in gsm8k_rows("test", 12)]
+    if how == "truncated_gzip":
+        blob = gzip.compress(b"\n".join(rows) + b"\n")
+        test.write_bytes(blob[: len(blob) // 2])
+        return test, None
+    if how == "exemplar_missing_column":
+        shots = [json.dumps(r).encode() for r in gsm8k_rows("train", 20)]
+        shots[6] = json.dumps({"question": "no answer here"}).encode()
+        train.write_bytes(gzip.compress(b"\n".join(shots) + b"\n"))
+        return train, 7
+    rows[4] = {"missing_column": json.dumps({"question": "q?"}).encode(), "invalid_json": b'{"question": "q?", ',
+               "not_utf8": b'{"question": "caf\xe9", "answer": "#### 1"}', "not_an_object": b'["q", "a"]'}[how]
+    test.write_bytes(gzip.compress(b"\n".join(rows) + b"\n"))
+    return test, 5
+
+
+@pytest.mark.parametrize("how,problem", [
+    ("missing_column", "has no column 'answer'"), ("invalid_json", "invalid JSON"), ("not_utf8", "not UTF-8"),
+    ("not_an_object", "not a JSON object"), ("truncated_gzip", "damaged or cut short"),
+    ("exemplar_missing_column", "has no column 'answer'"),
+])
+def test_bad_data_is_one_line_naming_file_and_line_before_any_model(how, problem, tmp_path, monkeypatch, capsys):
+    """Case 8: every row the run reads is parsed in the preflight: exit 2, one line, nothing written."""
+    def refuse(*a, **k):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(runner, "load_model", refuse)
+    root = write_mirror(tmp_path / "data")
+    path, line = _damage(root, how)
+    data._read_mirror.cache_clear()
+    data._count_lines.cache_clear()
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["task=gsm8k", "task.n_samples=12", "task.n_shot=3", "model=tiny-llama", f"data.dir={root}",
+                  f"results_dir={tmp_path / 'results'}"])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and "\n" not in err and "Traceback" not in err, err
+    assert err.startswith("kvbench: error: data.dir: ") and f"{path}:" in err and problem in err, err
+    if line is not None:
+        assert f"{path}:{line}" in err
+    assert not (tmp_path / "results").exists()  # nothing written

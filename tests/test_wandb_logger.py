@@ -120,3 +120,52 @@ def test_mode(env, mode, expected, no_wandb_account, monkeypatch):
 def test_wandb_login_netrc_means_online(no_wandb_account, tmp_path):
     (tmp_path / "no-netrc").write_text("machine api.wandb.ai\n  login user\n  password " + "k" * 40 + "\n")
     assert wandb_logger.resolve_mode(None) == "online"
+
+
+@pytest.fixture
+def silent_server():
+    """A server that accepts connections and never answers (a black hole behind a firewall)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        yield f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("where", ["no_such_host", "silent"])
+def test_online_without_network_decides_offline_within_the_timeout(where, no_wandb_account, monkeypatch, caplog,
+                                                                   silent_server):
+    """Case 9: online asked for, W&B unreachable: offline within logger.init_timeout, said once."""
+    url = {"no_such_host": "http://wandb.invalid", "silent": silent_server}[where]
+    monkeypatch.setenv("WANDB_BASE_URL", url)
+    monkeypatch.setattr(wandb_logger, "_reachable", {}, raising=False)
+    monkeypatch.setattr(wandb_logger, "_said", set(), raising=False)
+    with caplog.at_level("WARNING", logger="kvbench"):
+        start = time.monotonic()
+        first = wandb_logger.WandbLogger(mode="online", init_timeout=1).start()
+        assert time.monotonic() - start < 5  # W&B's own init timeout is ~90 s
+        second = wandb_logger.WandbLogger(mode="online", init_timeout=1).start()
+    assert first == second and {k: first[k] for k in ("name", "mode", "requested")} == {
+        "name": "wandb", "mode": "offline", "requested": "online"}
+    assert f"{url} did not answer within 1 s" in first["note"]
+    assert caplog.text.count("did not answer") == 1  # said once per process
+
+
+def test_online_without_network_runs_offline_and_the_record_says_so(tmp_path, no_wandb_account, monkeypatch,
+                                                                    silent_server):
+    """Case 9: the run logs offline (a W&B offline run directory) and its record carries the fallback."""
+    import wandb
+
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", silent_server)
+    monkeypatch.setattr(wandb_logger, "_reachable", {}, raising=False)
+    monkeypatch.setattr(wandb_logger, "_said", set(), raising=False)
+    modes, init = [], wandb.init
+    monkeypatch.setattr(wandb, "init", lambda **kw: modes.append(kw["mode"]) or init(**kw))
+    rec = _run(tmp_path, "logger.mode=online")  # the default logger.init_timeout (5 s)
+    assert rec["status"] == "ok" and modes == ["offline"]
+    (stored,) = read_records(tmp_path / "results")
+    assert stored["logger"]["mode"] == "offline" and stored["logger"]["requested"] == "online"
+    assert f"{silent_server} did not answer within 5 s" in stored["notes"][0]
+    assert len(list((tmp_path / "wandb-dir" / "wandb").glob("offline-run-*"))) == 1

@@ -54,6 +54,9 @@ class Task:
         if self.prompt_style not in PROMPT_STYLES:
             raise ConfigError("task.prompt_style", f"must be one of {', '.join(PROMPT_STYLES)}", self.prompt_style)
 
+    def check_data(self) -> None:
+        """Preflight: read and check every data row the run will use (no model); ConfigError if bad."""
+
     # ------------------------------------------------------------------ prompts
     def samples(self, tokenizer) -> list[Sample]:
         raise NotImplementedError

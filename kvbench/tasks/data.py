@@ -5,6 +5,10 @@ the task reads (NarrativeQA's Hub rows also carry whole books, which no task her
 splits are flattened and only those columns are kept). The mirror layout is interface.md's:
 `{data.dir}/{folder}/{split}.jsonl.gz` or `.jsonl`. The Hub's split sizes are written down here, so
 an unknown split or a too-large `task.n_samples` fails before anything is downloaded or loaded.
+
+A mirror file is read as bytes, line by line: a damaged gzip, a line that is not UTF-8 or not a JSON
+object, or a row without one of the task's columns is a ConfigError naming the file, the line number
+and the problem (the CLI's preflight parses every row a run reads, so it fails before any model).
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from __future__ import annotations
 import functools
 import gzip
 import json
+import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,21 +65,39 @@ def load(source: Source, split: str, data_dir: str | None) -> list[dict]:
     return _read_mirror(str(path), path.stat().st_mtime_ns, source.columns)
 
 
-def _open(path: str):
-    return gzip.open(path, "rt", encoding="utf-8") if path.endswith(".gz") else open(path, encoding="utf-8")
+def _lines(path: str) -> Iterator[tuple[int, bytes]]:
+    """(line number, raw line) of a mirror file; ConfigError naming the file when it is damaged."""
+    n = 0
+    try:
+        with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as f:
+            for n, raw in enumerate(f, 1):  # noqa: B007 (n names the line a damaged file ends at)
+                yield n, raw
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+        raise ConfigError("data.dir", f"{path}:{n + 1}: the file is damaged or cut short ({e})") from None
 
 
 @functools.lru_cache(maxsize=32)
 def _count_lines(path: str, mtime_ns: int) -> int:
-    with _open(path) as f:
-        return sum(1 for line in f if line.strip())
+    return sum(1 for _, raw in _lines(path) if raw.strip())
+
+
+def parse(raw: bytes, where: str) -> dict:
+    """One mirror line as a JSON object; ConfigError naming `where` (file and line) otherwise."""
+    try:
+        row = json.loads(raw)
+    except UnicodeDecodeError as e:
+        raise ConfigError("data.dir", f"{where}: not UTF-8 (byte {e.start + 1} is {raw[e.start:e.start + 1]!r})") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError("data.dir", f"{where}: invalid JSON at column {e.colno} ({e.msg})") from None
+    if not isinstance(row, dict):
+        raise ConfigError("data.dir", f"{where}: not a JSON object but {type(row).__name__}")
+    return row
 
 
 @functools.lru_cache(maxsize=8)
 def _read_mirror(path: str, mtime_ns: int, columns: tuple[str, ...]) -> list[dict]:
-    with _open(path) as f:
-        lines = enumerate(f, 1)
-        return [project(json.loads(line), columns, f"{path}:{n}") for n, line in lines if line.strip()]
+    return [project(parse(raw, f"{path}:{n}"), columns, f"{path}:{n}")
+            for n, raw in _lines(path) if raw.strip()]
 
 
 @functools.lru_cache(maxsize=8)

@@ -87,6 +87,15 @@ class FewShotTask(Task):
 
     # ------------------------------------------------------------ sampling and prompts
     def samples(self, tokenizer) -> list[Sample]:
+        rows, pool, chosen = self.select()
+        out = []
+        for i, shots in chosen:
+            prompt, cut = self.prompt(tokenizer, rows[i], [pool[j] for j in shots])
+            out.append(Sample(i, prompt, self.references(rows[i]), cut, meta={"shots": shots}))
+        return out
+
+    def select(self) -> tuple[list[dict], list[dict], list[tuple[int, list[int]]]]:
+        """(rows, exemplar pool, [(sample row, its exemplar rows)]): which rows the run reads."""
         rows = data.load(self.source, self.split, self.data_dir)
         if self.n_samples > len(rows):
             raise ConfigError(
@@ -97,15 +106,16 @@ class FewShotTask(Task):
         pool = data.load(self.source, self.shot_split, self.data_dir) if self.n_shot else []
         if self.shots == "fixed":
             fixed = self.exemplars(pool, {self.key(rows[i], self.split, i) for i in chosen}, str(self.seed))
-        out = []
-        for i in chosen:
-            if self.shots == "fixed":
-                shots = fixed
-            else:
-                shots = self.exemplars(pool, {self.key(rows[i], self.split, i)}, f"{self.seed}/{i}")
-            prompt, cut = self.prompt(tokenizer, rows[i], [pool[j] for j in shots])
-            out.append(Sample(i, prompt, self.references(rows[i]), cut, meta={"shots": shots}))
-        return out
+            return rows, pool, [(i, fixed) for i in chosen]
+        return rows, pool, [
+            (i, self.exemplars(pool, {self.key(rows[i], self.split, i)}, f"{self.seed}/{i}")) for i in chosen
+        ]
+
+    def check_data(self) -> None:
+        """Preflight (no model): parse every row of the mirror's splits the run reads, check the task's
+        columns and draw the samples and exemplars; a ConfigError names the file, line and problem."""
+        if self.data_dir:
+            self.select()
 
     def prompt(self, tokenizer, row: dict, shots: list[dict]) -> tuple[str, bool]:
         """(prompt, cut): `row` after the exemplar rows `shots`, its document cut to fit."""
