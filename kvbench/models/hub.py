@@ -10,6 +10,10 @@ from __future__ import annotations
 from kvbench.models.base import LoadedModel, finish, resolve_device, resolve_dtype
 
 
+def weights(model_cfg, dtype: str) -> str:
+    return f"Hub checkpoint {model_cfg.get('pretrained')}, loaded as {dtype}"
+
+
 def load_hub(
     name: str,
     pretrained: str,
