@@ -183,7 +183,8 @@ def predictions(task, samples, ids, out: engine.GenerationOutput, lm: LoadedMode
         if save_prompt_ids:
             row["prompt_ids"] = p_ids
         rows.append(row)
-    metrics = {**task.aggregate(scores), **stats.metric_intervals(scores)}
+    by_index = [r["score"] for r in sorted(rows, key=lambda r: r["index"])]  # intervals never depend on order
+    metrics = {**task.aggregate(scores), **stats.metric_intervals(by_index)}
     return rows, metrics, stats.length_summary(lengths)
 
 

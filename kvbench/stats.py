@@ -120,7 +120,10 @@ def length_summary(lengths: Sequence[int]) -> dict | None:
 
 
 def metric_intervals(scores: Sequence[Mapping[str, float]], **kw) -> dict[str, list[float]]:
-    """`<metric>_ci` -> [lo, hi] for every metric of the per-sample score dicts (additive record fields)."""
+    """`<metric>_ci` -> [lo, hi] for every metric of the per-sample score dicts (additive record fields).
+
+    The resamples index positions, so callers pass the scores in dataset-index order (the runner and
+    kvbench.compare do): the same run then always gets the same interval."""
     keys = scores[0].keys() if scores else []
     out = {}
     for k in keys:

@@ -44,7 +44,7 @@ def test_real_run_records_intervals_lengths_and_a_scores_file(tmp_path):
     rec = _run(tmp_path, "gen.max_new_tokens=6", "policy=batch_max", "policy.kv_size=48", "policy.evict_every=16")
     assert rec["status"] == "ok" and rec["weights"] == "random initialisation (seed 0), float32"
     rows = read_jsonl(rec["predictions_path"])
-    acc = [r["score"]["accuracy"] for r in rows]
+    acc = [r["score"]["accuracy"] for r in sorted(rows, key=lambda r: r["index"])]
     assert rec["metrics"]["accuracy_ci"] == pytest.approx(list(stats.bootstrap_ci(acc)), abs=1e-6)
     assert all(0 <= r["output_tokens"] <= len(r["token_ids"]) <= 6 for r in rows)
     lengths = [r["output_tokens"] for r in rows]
