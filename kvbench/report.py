@@ -21,9 +21,17 @@ smallest batch fits is a row "(b=1 OOM)".
 
 Only the latest record of a configuration (its `config_hash`) that ended ok or oom counts; a record
 the report cannot use (no policy, no batch size, metrics that are no mapping) is left out and
-counted in the header, never a crash. The metric column is ROUGE-2 when a run has it, else accuracy. Method names: ED extreme decoding-only,
-FKV full cache, BM Batch-Max; "(P&D)" / "(D)" marks a policy run under the schedule it does not
-default to.
+counted in the header, never a crash. The metric column is ROUGE-2 when a run has it, else accuracy.
+Method names: ED extreme decoding-only, FKV full cache, BM Batch-Max; "(P&D)" / "(D)" marks a
+policy run under the schedule it does not default to.
+
+Uncertainty (kvbench.stats, per-sample data through kvbench.compare): a metric shows its 95%
+bootstrap interval, `0.064 [0.051, 0.078]` (the record's `<metric>_ci`, else rebuilt from the run's
+predictions or scores file), with error bars in the plot. When per-sample data is at hand, every
+summary pick says whether its paired difference to FKV (same samples, matched by index) is
+distinguishable from 0, and a section "Against FKV" lists, per run, that difference with its
+interval, how far its generated tokens follow FKV's (the share equal up to the first divergence,
+and identical outputs) and its output lengths; a plot shows the agreement against kv size.
 """
 
 from __future__ import annotations
@@ -33,11 +41,12 @@ import csv
 import hashlib
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from kvbench import compare
 from kvbench.config import CONF_DIR, ReproduceConfig
 from kvbench.results import read_records
 
@@ -64,12 +73,20 @@ class Row:
     metric: float | None = None
     tok_s: float | None = None
     oom: bool = False
+    ci: tuple[float, float] | None = field(default=None, compare=False)  # the metric's 95% bootstrap interval
+    run_id: str | None = field(default=None, compare=False)
 
     def cells(self) -> list[str]:
         kv = "-" if self.kv is None else str(self.kv)
         if self.oom:
             return [self.method, f"(b={self.b} OOM)", kv, "-", "-"]
-        return [self.method, str(self.b), kv, f"{self.metric:.3f}", f"{self.tok_s:.1f}"]
+        return [self.method, str(self.b), kv, with_ci(self.metric, self.ci), f"{self.tok_s:.1f}"]
+
+
+def with_ci(value: float, ci, digits: int = 3, sign: str = "") -> str:
+    """`0.064 [0.051, 0.078]`, or the value alone when there is no interval."""
+    text = f"{value:{sign}.{digits}f}"
+    return text if ci is None else f"{text} [{ci[0]:{sign}.{digits}f}, {ci[1]:{sign}.{digits}f}]"
 
 
 def default_schedules() -> dict[str, str]:
@@ -179,6 +196,8 @@ class Table:
     near_fkv: float
     differs: str = ""  # what this table's setting has that others of its model and task do not
     unique: bool = True  # the only table of its model, task, samples and length (short slug)
+    vs_fkv: dict[str, compare.VsFKV] = field(default_factory=dict)  # run_id -> paired comparison with FKV
+    lengths: dict[str, dict] = field(default_factory=dict)  # run_id -> output-length summary
 
     @property
     def title(self) -> str:
@@ -234,18 +253,57 @@ class Table:
                 out.append((f"{m} ≥ {self.near_fkv:.0%} FKV", near))
         return out
 
+    def verdict_cell(self, row: Row) -> str:
+        if row.method == "FKV":
+            return "reference"
+        v = self.vs_fkv.get(row.run_id)
+        if v is None or v.diff is None:
+            return "-"
+        return f"{with_ci(v.diff['mean'], v.diff['ci'], sign='+')}: {v.verdict}"
+
+    def against_fkv(self) -> list[str]:
+        """The section pairing every run with the table's FKV run on the same samples (none without data)."""
+        fkv = self.fkv
+        if not (self.vs_fkv or self.lengths) or fkv is None:
+            return []
+        n = {v.diff["n"] for v in self.vs_fkv.values() if v.diff}
+        lines = [
+            f"Against FKV (the FKV run above, b={fkv.b}; paired by sample"
+            + (f", {n.pop()} samples" if len(n) == 1 else "") + "; 95% bootstrap intervals):",
+            "",
+            f"| Method | b | kv | Δ {self.metric_name} | tokens as FKV's until the first divergence"
+            " | outputs identical to FKV's | output tokens mean / median / max |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in sorted(self.runs, key=order):
+            v = self.vs_fkv.get(r.run_id)
+            if r.run_id == fkv.run_id:
+                diff = agree = exact = "reference"
+            else:
+                d = v.diff if v else None
+                a = v.agreement if v else None
+                diff = with_ci(d["mean"], d["ci"], sign="+") if d else "-"
+                agree = with_ci(a["prefix"], a["prefix_ci"], 2) if a else "-"
+                exact = with_ci(a["exact"], a["exact_ci"], 2) if a else "-"
+            ln = self.lengths.get(r.run_id)
+            size = f"{ln['mean']:.1f} / {ln['median']:g} / {ln['max']}" if ln else "-"
+            lines.append(line([r.method, str(r.b), "-" if r.kv is None else str(r.kv), diff, agree, exact, size]))
+        return [*lines, ""]
+
     def markdown(self, plots: list[str]) -> str:
         """The table's section of tables.md; `plots`: the kinds of PLOTS drawn for it."""
         head = f"| Method | b | kv | {self.metric_name} | tokens/s |\n|---|---:|---:|---:|---:|"
         lines = [f"## {self.title}", ""]
         summary = self.summary()
+        paired = bool(self.vs_fkv)  # a column saying whether each pick's paired difference to FKV is 0
         if summary:
-            lines += [head]
+            lines += [head.replace(" |\n", " | vs FKV (paired, 95% CI) |\n") + "---|" if paired else head]
             for label, row in summary:
-                lines.append(line([label, *row.cells()[1:]]))
+                extra = [self.verdict_cell(row)] if paired else []
+                lines.append(line([label, *row.cells()[1:], *extra]))
                 oom = None if row.oom else self.first_oom(row)
                 if oom:
-                    lines.append(line([label, *oom.cells()[1:]]))
+                    lines.append(line([label, *oom.cells()[1:], *([""] if paired else [])]))
             fkv = self.fkv
             if fkv:
                 lines += ["", f"FKV level: {fkv.metric:.3f}; {self.near_fkv:.0%} of it: {self.near_fkv * fkv.metric:.3f}."]
@@ -256,6 +314,7 @@ class Table:
         lines += ["All runs:", "", head]
         lines += [line(r.cells()) for r in sorted(self.runs + self.ooms, key=order)]
         lines.append("")
+        lines += self.against_fkv()
         lines += [f"![{PLOTS[kind][1]}](plots/{self.slug}_{PLOTS[kind][0]})" for kind in plots]
         return "\n".join(lines).rstrip("\n") + "\n"
 
@@ -274,8 +333,11 @@ def order(r: Row) -> tuple:
     return (method_rank(r.method), r.kv or 0, r.b, r.oom)
 
 
-def tables(records: list[dict], near_fkv: float) -> list[Table]:
+def tables(records: list[dict], near_fkv: float, results_dir: str | Path | None = None) -> list[Table]:
+    """The tables; with `results_dir`, per-sample data (predictions or scores files) adds intervals,
+    paired differences to FKV, agreement and output lengths."""
     defaults = default_schedules()
+    cache: dict = {}
     groups: dict[tuple, list[dict]] = {}
     for r in latest(records):
         if unusable(r) is None:
@@ -298,11 +360,16 @@ def tables(records: list[dict], near_fkv: float) -> list[Table]:
                 if b is not None:
                     ooms.add(Row(m, b, kv, oom=True))
             elif b is not None and _number(r.get("throughput_tok_s")) and _number((r.get("metrics") or {}).get(metric)):
-                runs.append(Row(m, b, kv, r["metrics"][metric], r["throughput_tok_s"]))
+                samples = compare.load(r, results_dir, cache) if results_dir is not None else None
+                ci = compare.metric_ci(r, metric, samples)
+                runs.append(Row(m, b, kv, r["metrics"][metric], r["throughput_tok_s"], ci=ci, run_id=r.get("run_id")))
             if first:
                 ooms.add(Row(m, first, kv, oom=True))
-        out.append(Table(key, metric, runs, sorted(ooms, key=order), labelled, near_fkv, differs[key],
-                         titles.count((key[:4], key[5])) == 1))
+        t = Table(key, metric, runs, sorted(ooms, key=order), labelled, near_fkv, differs[key],
+                  titles.count((key[:4], key[5])) == 1)
+        if results_dir is not None:
+            pair_with_fkv(t, {r.get("run_id"): r for r in recs}, results_dir, cache)
+        out.append(t)
     return out
 
 
@@ -310,11 +377,28 @@ def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def pair_with_fkv(t: Table, by_id: dict[str, dict], results_dir, cache: dict) -> None:
+    """Fill the table's comparisons with its FKV run and its runs' output lengths."""
+    for r in t.runs:
+        ln = compare.lengths(by_id[r.run_id], compare.load(by_id[r.run_id], results_dir, cache))
+        if ln:
+            t.lengths[r.run_id] = ln
+    fkv = t.fkv
+    if fkv is None:
+        return
+    ref = compare.load(by_id[fkv.run_id], results_dir, cache)
+    for r in t.runs:
+        if r.run_id != fkv.run_id:
+            v = compare.vs_fkv(compare.load(by_id[r.run_id], results_dir, cache), ref, t.metric)
+            if v is not None and (v.diff or v.agreement):
+                t.vs_fkv[r.run_id] = v
+
+
 # ------------------------------------------------------------------------------------------ files
 def write_csv(records: list[dict], path: Path) -> None:
     metric_keys = sorted({k for r in records if isinstance(r.get("metrics"), dict) for k in r["metrics"]})
     fields = [*CSV_FIELDS, *(f"metric_{k}" for k in metric_keys), "search_max_batch_size",
-              "search_first_oom_batch_size", "error", "predictions_path"]
+              "search_first_oom_batch_size", "error", "predictions_path", *EXTRA_CSV]
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
@@ -326,13 +410,24 @@ def write_csv(records: list[dict], path: Path) -> None:
                 **{f"metric_{k}": v for k, v in metrics.items()},
                 "search_max_batch_size": search.get("max_batch_size"),
                 "search_first_oom_batch_size": search.get("first_oom_batch_size"),
+                **extra_csv(r),
             })
+
+
+EXTRA_CSV = ("weights", "output_tokens_mean", "output_tokens_median", "output_tokens_max", "scores_path")
+
+
+def extra_csv(r: dict) -> dict:
+    lengths = r.get("output_tokens") or {}
+    return {"weights": r.get("weights"), "scores_path": r.get("scores_path"),
+            **{f"output_tokens_{k}": lengths.get(k) for k in ("mean", "median", "max")}}
 
 
 PLOTS = {  # kind -> (file suffix, alt text)
     "accuracy": ("accuracy_vs_throughput.png", "metric vs throughput"),
     "batch": ("max_batch_size.png", "largest batch size per method"),
     "memory": ("peak_memory.png", "peak memory vs batch size"),
+    "agreement": ("agreement_vs_kv.png", "agreement with FKV vs kv size"),
 }
 
 
@@ -369,6 +464,11 @@ def plot_table(t: Table, out: Path) -> list[str]:
             rows = [r for r in t.runs if r.method == m]
             if rows:
                 ax.scatter([r.tok_s for r in rows], [r.metric for r in rows], color=colour[m], label=m, zorder=3)
+            bars = [r for r in rows if r.ci is not None]  # 95% bootstrap intervals
+            if bars:
+                ax.errorbar([r.tok_s for r in bars], [r.metric for r in bars], fmt="none", ecolor=colour[m],
+                            elinewidth=0.8, capsize=2, alpha=0.6,
+                            yerr=[[r.metric - r.ci[0] for r in bars], [r.ci[1] - r.metric for r in bars]])
             for r in rows:
                 text = f"b={r.b}" + ("" if r.kv is None else f" kv={r.kv}")
                 ax.annotate(text, (r.tok_s, r.metric), fontsize=6, xytext=(3, 3), textcoords="offset points")
@@ -423,6 +523,26 @@ def plot_table(t: Table, out: Path) -> list[str]:
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.legend(fontsize=7)
         save(fig, ax, "memory")
+
+    agreeing = [(r, t.vs_fkv[r.run_id].agreement) for r in t.runs
+                if r.run_id in t.vs_fkv and t.vs_fkv[r.run_id].agreement and r.kv is not None]
+    if agreeing:
+        fig, ax = plt.subplots(figsize=(6.4, 4.4))
+        for m in methods:
+            pts = sorted(((r.kv, a) for r, a in agreeing if r.method == m), key=lambda p: p[0])
+            if not pts:
+                continue
+            kv = [k for k, _ in pts]
+            prefix = [a["prefix"] for _, a in pts]
+            ax.errorbar(kv, prefix, yerr=[[a["prefix"] - a["prefix_ci"][0] for _, a in pts],
+                                          [a["prefix_ci"][1] - a["prefix"] for _, a in pts]],
+                        color=colour[m], marker="o", ms=4, capsize=2, label=f"{m}: tokens as FKV's until divergence")
+            ax.plot(kv, [a["exact"] for _, a in pts], color=colour[m], ls=":", marker="x", ms=4,
+                    label=f"{m}: outputs identical")
+        ax.set(xlabel="kv size (pairs kept per head)", ylabel="agreement with FKV (mean over samples)")
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend(fontsize=7)
+        save(fig, ax, "agreement")
     return written
 
 
@@ -433,7 +553,7 @@ def write_report(results_dir: str | Path, out: str | Path | None = None, near_fk
     out = Path(out or results_dir)
     out.mkdir(parents=True, exist_ok=True)
     near = ReproduceConfig.near_fkv if near_fkv is None else near_fkv
-    ts = tables(records, near)
+    ts = tables(records, near, results_dir)
     n_err = sum(1 for r in records if r.get("status") == "error")
     n_int = sum(1 for r in records if r.get("status") == "interrupted")
     bad = [(r.get("run_id"), why) for r in records if (why := unusable(r))]

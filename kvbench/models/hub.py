@@ -22,6 +22,10 @@ SHIPPED_CONFIGS = {
 CONFIG_DIR = Path(__file__).parent / "configs"
 
 
+def weights(model_cfg, dtype: str) -> str:
+    return f"Hub checkpoint {model_cfg.get('pretrained')}, loaded as {dtype}"
+
+
 def load_hub(
     name: str,
     pretrained: str,
