@@ -36,7 +36,8 @@ class ServeOutput:
     evicted_blocks: int = 0
     timeline: list[tuple[float, int, int, int]] = field(default_factory=list)  # (t, blocks used, running, waiting)
     pool_bytes: int = 0
-    block_bytes: int = 0
+    block_bytes: int = 0  # one block in every layer: K, V, positions, statistics
+    kv_block_bytes: int = 0  # one block in every layer: K and V only
 
 
 def max_blocks(req: Request, rule: BlockRule) -> int:
@@ -81,7 +82,8 @@ def serve(
     sched = Scheduler(bm, rule, max_tokens_per_step, max_running, evictor)
     pending = sorted(requests, key=lambda r: (r.arrival, r.rid))
     eos = set(eos_token_ids)
-    out = ServeOutput(requests=list(requests), pool_bytes=runner.pool.nbytes(), block_bytes=runner.pool.nbytes() // num_blocks)
+    out = ServeOutput(requests=list(requests), pool_bytes=runner.pool.nbytes(), block_bytes=runner.pool.nbytes() // num_blocks,
+                      kv_block_bytes=2 * runner.pool.k[:, :block_size].numel() * runner.pool.k.element_size())
     clock, left = 0.0, len(pending)
     with paged(model, score_chunk=score_chunk):
         while left:
