@@ -82,3 +82,24 @@ def test_percentiles():
     p = percentiles([float(x) for x in range(1, 101)])
     assert p["p50"] == pytest.approx(50.5) and p["p90"] == pytest.approx(90.1) and p["p99"] == pytest.approx(99.01)
     assert percentiles([]) is None
+
+
+def test_pool_sized_from_the_budget(tiny_llama):
+    from omegaconf import OmegaConf
+
+    from kvbench import memory
+    from kvbench.policies import Full
+    from kvbench.serve.pool import PagedPool
+    from kvbench.serve.run import pool_blocks
+
+    cfg = OmegaConf.create({"serve": {"num_blocks": None, "block_size": 16}})
+    weights = sum(memory.ModelShape.of(tiny_llama.model).weights.values())
+    per = PagedPool.block_bytes(num_layers=2, block_size=16, num_kv_heads=2, head_dim=16, dtype=tiny_llama.model.dtype,
+                                track_attention=False)
+    gb = (weights + 10.5 * per) / memory.GiB
+    assert pool_blocks(cfg, tiny_llama, Full(), memory.Budget(gb)) == 10
+    pool = PagedPool(num_layers=2, num_blocks=10, block_size=16, num_kv_heads=2, head_dim=16,
+                     dtype=tiny_llama.model.dtype, device="cpu", track_attention=False)
+    assert pool.nbytes() == 10 * per  # the sizing counts exactly what the pool allocates
+    cfg.serve.num_blocks = 7
+    assert pool_blocks(cfg, tiny_llama, Full(), None) == 7
