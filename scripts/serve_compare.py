@@ -55,7 +55,7 @@ def fmt(x, nd=2):
 
 def table(recs) -> str:
     head = ("| policy | kv | completed | req/s | out tok/s | TTFT p50 / p90 / p99 (s) | TPOT p50 / p90 / p99 (s) | "
-            "preempt | recomputed tok | evicted blocks | running mean / max | pool used mean / max | peak KV (MiB) | "
+            "steps | preempt | recomputed tok | evicted blocks | running mean / max | pool used mean / max | peak KV (MiB) | "
             "ROUGE-2 | wall (s) |")
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in recs:
@@ -64,7 +64,7 @@ def table(recs) -> str:
         rows.append(
             f"| {r['policy']} | {r['kv_size'] or 'all'} | {s['completed']} | {fmt(s['requests_per_s'], 3)} | "
             f"{fmt(s['output_tok_s'])} | {fmt(t['p50'], 1)} / {fmt(t['p90'], 1)} / {fmt(t['p99'], 1)} | "
-            f"{fmt(p['p50'])} / {fmt(p['p90'])} / {fmt(p['p99'])} | {s['preemptions']} | {s['recomputed_tokens']} | "
+            f"{fmt(p['p50'])} / {fmt(p['p90'])} / {fmt(p['p99'])} | {s['steps']} | {s['preemptions']} | {s['recomputed_tokens']} | "
             f"{s['evicted_blocks']} | {fmt(s['running_mean'], 1)} / {s['running_max']} | "
             f"{100 * s['pool_util_mean']:.0f}% / {100 * s['pool_util_max']:.0f}% | {r['peak_kv_bytes'] / 2**20:.1f} | "
             f"{fmt(r['metrics'].get('rouge2'), 4)} | {fmt(r['wall_s'], 0)} |"
@@ -118,6 +118,7 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default="results/serve")
     ap.add_argument("--policies", default="full,window,batch_max,h2o")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--report-only", action="store_true", help="no runs: table, plots and JSON from the records in --out")
     args, extra = ap.parse_known_args(argv)
     if args.threads:
         import torch
@@ -126,11 +127,17 @@ def main(argv=None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     out = Path(args.out)
     policies = args.policies.split(",")
-    recs = run_all(policies, args.kv_size, out, extra)
-    if any(r["status"] != "ok" for r in recs):
-        raise SystemExit("a run failed: see " + str(out / "runs.jsonl"))
-    latest = {r["run_id"]: r for r in read_records(out)}
-    recs = [latest.get(r["run_id"], r) for r in recs]
+    if args.report_only:
+        last = {}
+        for r in read_records(out):
+            kv_ok = r["kv_size"] is None or r["kv_size"] == args.kv_size
+            if r.get("mode") == "serve" and r["status"] == "ok" and kv_ok and r["policy"] in policies:
+                last[r["policy"]] = r
+        recs = [last[p] for p in policies if p in last]
+    else:
+        recs = run_all(policies, args.kv_size, out, extra)
+        if any(r["status"] != "ok" for r in recs):
+            raise SystemExit("a run failed: see " + str(out / "runs.jsonl"))
     (out / "table.md").write_text(
         f"# Serving comparison ({recs[0]['model']}, {recs[0]['task']}, kv_size={args.kv_size}; "
         "scripts/serve_compare.py)\n\n" + table(recs) + "\n"
