@@ -85,6 +85,6 @@ def execute(cfg: DictConfig, record: dict, lm, policy, task, samples, ids, budge
     record["extensions"] = record.get("extensions", []) + extensions(cfg, policy)
     if s.plot:
         path = Path(cfg.results_dir) / "serve_plots" / f"{record['run_id']}.png"
-        metrics.plot(summary, path, f"{record['model']} {record['task']} {record['policy']} kv={record['kv_size']}")
+        metrics.plot(summary, path, f"{record['model']} {record['task']} {record['policy']} kv={record['kv_size'] or 'all'}")
         summary["plot_path"] = str(path)
     return rows
