@@ -27,7 +27,7 @@ from kvbench.config import CONF_DIR
 from kvbench.results import read_records
 
 POLICY_OVERRIDES = {
-    "full": [],
+    "full": ["policy.kv_size=null"],  # the experiment's default kv_size is batch_max's
     "window": ["policy.protect_first=4"],
     "batch_max": [],
     "h2o": [],
@@ -39,8 +39,7 @@ def run_all(policies, kv_size, out, extra) -> list[dict]:
     recs = []
     for p in policies:
         ov = ["experiment=serve_cnndm", f"policy={p}", f"results_dir={out}", "skip_existing=true", *extra]
-        if p != "full":
-            ov += [f"policy.kv_size={kv_size}", *POLICY_OVERRIDES.get(p, [])]
+        ov += POLICY_OVERRIDES.get(p, []) if p == "full" else [f"policy.kv_size={kv_size}", *POLICY_OVERRIDES.get(p, [])]
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose("config", overrides=ov)
         rec = runner.run(cfg)
