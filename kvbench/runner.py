@@ -348,6 +348,10 @@ def run(cfg: DictConfig, lm: LoadedModel | None = None) -> dict:
         record["prompts"] = prompt_stats(samples, ids)
         if cfg.mode == "prompt_report":
             record["status"] = "ok"
+        elif cfg.mode == "serve":
+            from kvbench.serve import run as serve_run
+
+            rows = serve_run.execute(cfg, record, lm, policy, task, samples, ids, budget)
         else:
             batch_size = fit_batch_size(record, cfg.batch_size, len(ids))
             if cfg.search.max_batch:

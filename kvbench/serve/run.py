@@ -1,0 +1,90 @@
+"""One serve run (`kvbench mode=serve`): tokenised task samples -> requests -> engine -> one record.
+
+Called by `kvbench.runner.run` after the model, task and policy are built; fills the record
+(`mode: serve`, the task metric over completed requests with the task's own scorers, the serving
+metrics under `serve`) and returns the prediction rows (with each request's timings).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from kvbench import engine, memory
+from kvbench.errors import ConfigError
+from kvbench.serve import metrics
+from kvbench.serve.engine import serve
+from kvbench.serve.pool import PagedPool
+from kvbench.serve.workload import build_requests
+
+
+def pool_blocks(cfg: DictConfig, lm, policy, budget: memory.Budget | None) -> int:
+    """serve.num_blocks, or what memory.budget_gb leaves after the weights (activations not reserved)."""
+    if cfg.serve.num_blocks is not None:
+        return cfg.serve.num_blocks
+    geo = engine.model_geometry(lm.model)
+    per_block = PagedPool.block_bytes(
+        num_layers=len(geo["layer_devices"]), block_size=cfg.serve.block_size, num_kv_heads=geo["num_kv_heads"],
+        head_dim=geo["head_dim"], dtype=geo["dtype"], track_attention=policy.needs_attention,
+    )
+    free = budget.bytes - sum(memory.ModelShape.of(lm.model).weights.values())
+    n = free // per_block
+    if n <= 0:
+        raise ConfigError("memory.budget_gb", "leaves no room for a single KV block after the weights", budget.gb)
+    return int(n)
+
+
+def extensions(cfg: DictConfig, policy) -> list[str]:
+    s = cfg.serve
+    ext = [f"serve(block_size={s.block_size}, max_tokens_per_step={s.max_tokens_per_step})"]
+    if policy.evicts:
+        ext += [
+            f"serve_block_eviction(block_score={s.block_score}): whole blocks, the same blocks in every layer and "
+            "KV head (the static engine evicts per head)",
+            "serve_evicts_fewest_blocks: evict_every is not used; a request evicts the fewest blocks that keep it "
+            "within kv_size",
+        ]
+        if policy.protect_first % s.block_size:
+            ext.append(f"serve_protect_first_rounded_up_to_blocks({policy.protect_first})")
+    return ext
+
+
+def execute(cfg: DictConfig, record: dict, lm, policy, task, samples, ids, budget=None) -> list[dict]:
+    from kvbench.runner import predictions  # the runner imports this module
+
+    s = cfg.serve
+    num_blocks = pool_blocks(cfg, lm, policy, budget)
+    reqs = build_requests(ids, cfg.gen.max_new_tokens, s.rate, cfg.seed)
+    out = serve(
+        lm.model, reqs, policy, num_blocks=num_blocks, block_size=s.block_size,
+        max_tokens_per_step=s.max_tokens_per_step, max_running=s.max_running, block_score=s.block_score,
+        eos_token_ids=lm.eos_token_ids, ignore_eos=cfg.gen.ignore_eos, score_chunk=cfg.gen.score_chunk,
+    )
+    gen = engine.GenerationOutput(token_ids=[r.output for r in reqs])
+    rows, task_metrics = predictions(task, samples, ids, gen, lm, cfg.output.save_prompt_ids)
+    for row, r in zip(rows, reqs, strict=True):
+        row.update(
+            arrival_s=r.arrival, ttft_s=r.first_token_at - r.arrival, finished_s=r.finished_at,
+            preemptions=r.preemptions, evicted_blocks=r.evicted_blocks,
+        )
+    summary = metrics.summarise(out, num_blocks, s.block_size)
+    kv_block = out.kv_block_bytes
+    record.update(
+        status="ok",
+        mode="serve",
+        metrics=task_metrics,
+        throughput_tok_s=summary["output_tok_s"],
+        wall_s=out.wall_s,
+        decode_s=None,
+        prefill_s=None,
+        generated_tokens=summary["output_tokens"],
+        peak_kv_bytes=max((u for _, u, _, _ in out.timeline), default=0) * kv_block,
+        serve=summary,
+    )
+    record["extensions"] = record.get("extensions", []) + extensions(cfg, policy)
+    if s.plot:
+        path = Path(cfg.results_dir) / "serve_plots" / f"{record['run_id']}.png"
+        metrics.plot(summary, path, f"{record['model']} {record['task']} {record['policy']} kv={record['kv_size'] or 'all'}")
+        summary["plot_path"] = str(path)
+    return rows

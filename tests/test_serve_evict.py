@@ -1,0 +1,50 @@
+"""Block scores come from the policies' own score(): window drops the oldest block, h2o the least
+attended one, batch_max / norm_sum divide by age; the start and recent areas are never candidates."""
+
+from __future__ import annotations
+
+import torch
+
+from kvbench.policies import H2O, BatchMax, Full, Window
+from kvbench.policies.base import ScoreStats
+from kvbench.serve.evict import BlockRule, block_scores, choose_blocks
+
+
+def stats(sum_w: list[float], L=2, H=2):
+    N = len(sum_w)
+    pos = torch.arange(N)[None, None, None, :].expand(L, 1, H, N)
+    w = torch.tensor(sum_w, dtype=torch.float32)[None, None, None, :].expand(L, 1, H, N)
+    return ScoreStats(pos=pos, last=torch.full((1, 1, 1, 1), N - 1), sum_w=w, last_w=w)
+
+
+def test_window_drops_the_oldest_evictable_block():
+    s = block_scores(Window(kv_size=16, evict_every=4), stats([9.0] * 16), 4)
+    assert choose_blocks(s, range(1, 3), 1) == [1]
+
+
+def test_h2o_drops_the_least_attended_block():
+    w = [1.0] * 4 + [5.0] * 4 + [0.1] * 4 + [3.0] * 4
+    s = block_scores(H2O(kv_size=32, evict_every=1), stats(w), 4)
+    assert choose_blocks(s, range(0, 4), 1) == [2]
+    assert choose_blocks(s, range(0, 4), 2) == [0, 2]
+    assert choose_blocks(s, range(0, 2), 1) == [0]  # only candidates
+
+
+def test_age_normalisation_changes_the_choice():
+    # block 0 is old with a large sum; block 2 is young with a smaller sum but a higher average
+    w = [4.0] * 4 + [4.0] * 4 + [2.0] * 4 + [9.0] * 4
+    h2o = block_scores(H2O(kv_size=32, evict_every=1), stats(w), 4)
+    bm = block_scores(BatchMax(kv_size=32, evict_every=4), stats(w), 4)
+    norm = block_scores(H2O(kv_size=32, evict_every=1), stats(w), 4, mode="norm_sum")
+    assert choose_blocks(h2o, range(0, 3), 1) == [2]
+    assert choose_blocks(bm, range(0, 3), 1) == [0]
+    assert torch.allclose(norm, bm)  # NORM_SUM of H2O's sums is Batch-Max's average rule, per block
+
+
+def test_rule_areas_and_full():
+    rule = BlockRule.of(Window(kv_size=32, evict_every=8, protect_first=4), 8)
+    assert rule.start_blocks == 1 and rule.recent == 0
+    assert rule.evictable(30) == range(1, 3)  # block 3 is partly filled
+    h = BlockRule.of(H2O(kv_size=32, evict_every=1), 8)
+    assert h.recent == 16 and h.evictable(32) == range(0, 2) and not h.in_prefill
+    assert not BlockRule.of(Full(), 8).applies(100, 10)

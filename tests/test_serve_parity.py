@@ -1,0 +1,121 @@
+"""Serving mode vs the static engine on the tiny models (float64): same greedy tokens per request."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvbench import engine
+from kvbench.policies import H2O, BatchMax, Full, Window
+from kvbench.serve.engine import serve
+from kvbench.serve.request import Request
+from tests.conftest import random_prompts
+
+LENGTHS = (37, 12, 25, 40, 9, 30)
+
+
+def static_tokens(lm, prompts, new, eos=()):
+    out = engine.generate(lm.model, lm.tokenizer, prompts, Full(), batch_size=1, max_new_tokens=new, eos_token_ids=list(eos))
+    return out.token_ids
+
+
+def requests(prompts, new, arrivals=None):
+    return [
+        Request(rid=i, prompt=list(p), max_new_tokens=new, arrival=0.0 if arrivals is None else arrivals[i])
+        for i, p in enumerate(prompts)
+    ]
+
+
+@pytest.mark.parametrize("budget", [64, 7])
+def test_full_matches_static_engine(tiny, budget):
+    prompts = random_prompts(LENGTHS, seed=3)
+    want = static_tokens(tiny, prompts, 10)
+    reqs = requests(prompts, 10)
+    out = serve(tiny.model, reqs, Full(), num_blocks=64, block_size=4, max_tokens_per_step=budget)
+    assert out.preemptions == 0
+    assert [r.output for r in reqs] == want
+    assert out.steps > 10  # continuous batching: chunked prefill mixed with decode
+
+
+def test_preemption_recompute_is_exact(tiny_llama):
+    prompts = random_prompts(LENGTHS, seed=4)
+    want = static_tokens(tiny_llama, prompts, 12)
+    reqs = requests(prompts, 12)
+    out = serve(tiny_llama.model, reqs, Full(), num_blocks=14, block_size=4, max_tokens_per_step=32)  # 56 slots
+    assert out.preemptions > 0 and out.recomputed_tokens > 0
+    assert [r.output for r in reqs] == want
+
+
+def test_eos_is_honoured(tiny_llama):
+    prompts = random_prompts(LENGTHS[:4], seed=5)
+    free = static_tokens(tiny_llama, prompts, 8)
+    eos = [free[0][2]]  # the third token of request 0 becomes EOS
+    want = static_tokens(tiny_llama, prompts, 8, eos)
+    reqs = requests(prompts, 8)
+    serve(tiny_llama.model, reqs, Full(), num_blocks=64, block_size=4, max_tokens_per_step=16, eos_token_ids=eos)
+    assert [r.output for r in reqs] == want
+    assert len(reqs[0].output) == 3
+
+
+def test_arrivals_over_time(tiny_llama):
+    prompts = random_prompts(LENGTHS, seed=6)
+    want = static_tokens(tiny_llama, prompts, 6)
+    reqs = requests(prompts, 6, arrivals=[0.0, 0.0, 1e3, 1e3, 2e3, 2e3])
+    out = serve(tiny_llama.model, reqs, Full(), num_blocks=64, block_size=4, max_tokens_per_step=16)
+    assert [r.output for r in reqs] == want
+    assert all(r.first_token_at >= r.arrival for r in reqs)
+    assert out.wall_s >= 2e3
+
+
+@pytest.mark.parametrize("policy", [Window(kv_size=16, evict_every=4, protect_first=4), BatchMax(kv_size=16, evict_every=4),
+                                    H2O(kv_size=24, evict_every=1, schedule="prefill_and_decode")])
+def test_eviction_invariants(tiny, policy):
+    """Never over budget after eviction; start and recent areas never evicted; no shared block."""
+    prompts = random_prompts(LENGTHS, seed=7)
+    reqs = requests(prompts, 10)
+    bs = 4
+    from kvbench.serve import runner as runner_mod
+
+    seen = []
+    orig = runner_mod.ModelRunner.evictor
+
+    def spy(self, req, cand, n):
+        got = orig(self, req, cand, n)
+        start = -(-policy.protect_first // bs)
+        assert all(b >= start for b in got)
+        assert all((b + 1) * bs <= req.n_slots - policy.protect_recent for b in got)
+        kept_pos = self.pool.pos[self.pool.slots(req.blocks, req.n_slots)].tolist()
+        gone = set(got)
+        left = [p for i, p in enumerate(kept_pos) if i // bs not in gone]
+        assert left[: policy.protect_first] == kept_pos[: policy.protect_first]
+        seen.append(n)
+        return got
+
+    orig_step = runner_mod.ModelRunner.step
+    held = []
+
+    def step(self, scheduled):
+        for s in scheduled:  # after this step's evictions and writes, within the budget
+            assert s.req.n_slots + s.num_tokens <= policy.kv_size
+            assert len(s.req.blocks) * bs <= policy.kv_size
+            held.append(s.req.n_slots + s.num_tokens)
+        return orig_step(self, scheduled)
+
+    runner_mod.ModelRunner.evictor, runner_mod.ModelRunner.step = spy, step
+    try:
+        out = serve(tiny.model, reqs, policy, num_blocks=40, block_size=bs, max_tokens_per_step=12)
+    finally:
+        runner_mod.ModelRunner.evictor, runner_mod.ModelRunner.step = orig, orig_step
+    assert sum(seen) == out.evicted_blocks > 0
+    assert all(r.finished and len(r.output) == 10 for r in reqs)
+    assert max(held) == policy.kv_size  # the budget is reached, never passed
+
+
+def test_window_drops_oldest_block(tiny_llama):
+    from kvbench.serve.evict import BlockRule
+
+    prompts = random_prompts((30,), seed=8)
+    (req,) = requests(prompts, 4)
+    out = serve(tiny_llama.model, [req], Window(kv_size=16, evict_every=4, protect_first=4), num_blocks=10, block_size=4,
+                max_tokens_per_step=64)
+    assert out.evicted_blocks > 0
+    assert BlockRule(4, 16, 1, 0).evictable(16) == range(1, 4)
