@@ -44,7 +44,8 @@ class GenerationOutput:
     decode_s: float = 0.0
     wall_s: float = 0.0
     evict_s: float = 0.0  # inside evictions (and decode_only's resize), prefill and decode (kvbench.timing)
-    attn_stats_s: float = 0.0  # recomputing attention weights and accumulating them (scored policies only)
+    attn_stats_s: float | None = 0.0  # the separate statistics pass (scored policies, sdpa/flash); None when the
+    # backend computes the statistics from the output's own probabilities (eager, fused): not separable
     generated_tokens: int = 0  # tokens the batches produced (finished samples' pad steps excluded)
     peak_kv_bytes: int = 0  # most KV bytes held at once (kept pairs)
     kv_allocated_bytes: int = 0  # largest cache allocation (slots, positions, statistics)
@@ -308,6 +309,8 @@ def generate(
             out.kv_allocated_bytes = max(out.kv_allocated_bytes, stats["kv_allocated_bytes"])
             out.batches += 1
     out.wall_s = time.perf_counter() - t0
+    if policy.needs_attention and backend in ("eager", "fused"):
+        out.attn_stats_s = None
     return out
 
 

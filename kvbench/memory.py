@@ -27,8 +27,9 @@ I MLP width, V vocabulary, Hq / H query / KV heads, D head dim, L layers on the 
                           (those two are `attention="sdpa"`, the default; "flash" drops the float
                           mask; the other backends replace both:)
                           eager B·T·Hq·D·e + repeat_kv 2·B·Hq·N·D·e (GQA) + S·c, S = B·Hq·T·N,
-                          c = 8 (float32), 10 (half: logits, softmax's float32 input copy and output;
-                          8 for float16 on CUDA, whose softmax upcasts in the kernel), 20 (float64);
+                          c = 8 (float32), 8 (half: logits and softmax's float32 output; the CPU kernel
+                          and CUDA's float16 one upcast as they read; 10 for bfloat16 on CUDA, assumed
+                          to copy its input to float32, not measured), 20 (float64);
                           or the output, its transposed copy and the query, 3·B·T·Hq·D·e;
                           fused 2·B·T·Hq·D·e + B·Hq·min(T, score_chunk)·N·2a + B·min(T, chunk)·N + O(B·H·N);
                           logits B·V·e + B·T·h·e (logits_to_keep=1)
@@ -168,7 +169,9 @@ def _forward_bytes(
     stats = 3 * B * s.kv_heads * N * max(4, e)  # w_sum, w_last and a reduction of them
     if attention == "eager":  # kvbench.attention._eager: transformers' eager path, nothing chunked
         S = B * Hq * T * N  # elements of the (B, Hq, T, N) probabilities
-        conv = 0 if e == 4 or (not cpu and s.dtype == torch.float16) else 4  # softmax's float32 copy of its input
+        # softmax's float32 copy of its input: none in float32, none where the kernel upcasts as it reads
+        # (CPU, measured for bfloat16; CUDA float16), a copy otherwise (CUDA bfloat16: not measured)
+        conv = 0 if e == 4 or cpu or s.dtype == torch.float16 else 4
         probs = max(2 * e, e + conv + 4, (2 * e + 4) if e != 4 else 0) * S  # logits + scaled / masked / softmax / cast
         rep = 2 * B * Hq * N * D * e if Hq != s.kv_heads else 0  # repeat_kv's copies of K and V
         phases.append(qkv + q + rep + max(probs, S * e + q + (stats if scored else 0)))

@@ -118,9 +118,13 @@ def latest(records: list[dict]) -> list[dict]:
 
 
 def attention_of(rec: dict) -> str:
-    """The run's attention backend: the record's, else its config's (auto runs SDPA on a CPU)."""
-    name = rec.get("attention") or ((rec.get("config") or {}).get("gen") or {}).get("attention") or "auto"
-    return "sdpa" if name == "auto" and str(rec.get("device", "")).startswith("cpu") else str(name)
+    """The attention backend the run asked for (gen.attention), which tables are kept apart by.
+
+    `auto` stays `auto`: it resolves per policy (on CPU `fused` for scored policies, `sdpa` for the
+    others, the same tokens), so splitting by the resolved name would put ED and FKV in one table and
+    Batch-Max in another. The backend each run really used is its record's `attention` field.
+    """
+    return str(((rec.get("config") or {}).get("gen") or {}).get("attention") or rec.get("attention") or "auto")
 
 
 def flat(d, prefix: str = "") -> dict[str, object]:

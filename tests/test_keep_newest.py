@@ -87,15 +87,19 @@ def test_records_carry_evict_s(tmp_path):
     common = ["model=tiny-llama", "task.n_samples=2", "task.context_tokens=40", "gen.max_new_tokens=4", "batch_size=2",
               f"results_dir={tmp_path}"]
     full = runner.run(_compose(*common, "policy=full"))
-    bm = runner.run(_compose(*common, "policy=batch_max", "policy.kv_size=16", "policy.evict_every=4"))
-    assert full["status"] == bm["status"] == "ok"
+    bm = runner.run(_compose(*common, "policy=batch_max", "policy.kv_size=16", "policy.evict_every=4",
+                             "gen.attention=sdpa"))  # a separate statistics pass, timed
+    fused = runner.run(_compose(*common, "policy=batch_max", "policy.kv_size=16", "policy.evict_every=4",
+                                "gen.attention=fused"))  # statistics inside the attention: not separable
+    assert full["status"] == bm["status"] == fused["status"] == "ok"
     assert full["evict_s"] == 0.0 and full["attn_stats_s"] == 0.0
     assert 0 < bm["evict_s"] < bm["prefill_s"] + bm["decode_s"] and 0 < bm["attn_stats_s"]
+    assert 0 < fused["evict_s"] and fused["attn_stats_s"] is None
 
 
 def test_generation_output_sums_evict_s_over_batches(tiny_llama):
     prompts = random_prompts((30, 22, 31, 26))
     one = engine.generate(tiny_llama.model, tiny_llama.tokenizer, prompts, BatchMax(kv_size=16, evict_every=4), 2,
-                          max_new_tokens=5)
+                          max_new_tokens=5, attention="sdpa")
     assert one.batches == 2 and 0 < one.evict_s and 0 < one.attn_stats_s < one.prefill_s + one.decode_s
     assert engine.generate(tiny_llama.model, tiny_llama.tokenizer, prompts, Full(), 2, max_new_tokens=5).evict_s == 0

@@ -19,7 +19,7 @@ from kvbench.models import hub_spec
 from kvbench.results import read_records
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY = ["model=tiny-llama", "task.n_samples=3", "task.context_tokens=40", "gen.max_new_tokens=4",
+TINY = ["model=tiny-llama", "task.n_samples=8", "task.context_tokens=40", "gen.max_new_tokens=4",
         "policy=batch_max", "policy.kv_size=32", "policy.evict_every=8", "search.candidates=[1,2,3,4,6,8,12,16]",
         "device=cpu"]
 

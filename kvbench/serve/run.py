@@ -62,7 +62,7 @@ def execute(cfg: DictConfig, record: dict, lm, policy, task, samples, ids, budge
         eos_token_ids=lm.eos_token_ids, ignore_eos=cfg.gen.ignore_eos, score_chunk=cfg.gen.score_chunk,
     )
     gen = engine.GenerationOutput(token_ids=[r.output for r in reqs])
-    rows, task_metrics = predictions(task, samples, ids, gen, lm, cfg.output.save_prompt_ids)
+    rows, task_metrics, lengths = predictions(task, samples, ids, gen, lm, cfg.output.save_prompt_ids)
     for row, r in zip(rows, reqs, strict=True):
         row.update(
             arrival_s=r.arrival, ttft_s=r.first_token_at - r.arrival, finished_s=r.finished_at,
@@ -74,6 +74,7 @@ def execute(cfg: DictConfig, record: dict, lm, policy, task, samples, ids, budge
         status="ok",
         mode="serve",
         metrics=task_metrics,
+        output_tokens=lengths,
         throughput_tok_s=summary["output_tok_s"],
         wall_s=out.wall_s,
         decode_s=None,
