@@ -137,6 +137,8 @@ def kvbench_attention(module, query, key, value, attention_mask, scaling=None, d
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     step = cache.step_on(query.device)
     out = (_flash if _state["backend"] == "flash" else _sdpa)(query, key, value, step, scaling)  # (B, Hq, T, D)
+    if cache.query_window:  # a policy scoring with the newest queries (SnapKV's observation window)
+        cache.remember_queries(module.layer_idx, query, scaling)
     if cache.track_attention:
         w_sum, w_last = attention_stats(query, key, step, scaling, _state["score_chunk"])
         cache.accumulate(module.layer_idx, w_sum, w_last)

@@ -9,6 +9,9 @@ vectorised over layers, heads and samples):
     pos            (L_g, B, H_kv, C + 1)      source position of each slot (int32)
     sum_w, last_w  (L_g, B, H_kv, C + 1)      attention statistics (float32), only when the
                                               policy needs them
+    q              (L_g, B, H_q, W, D)        the newest W queries (RoPE applied), oldest first, only
+                                              when the policy has a `query_window` W (SnapKV); their
+                                              positions are `KVCache.qpos` (B, W) on the CPU, -1 = empty
 
 Every layer and KV head of sample b holds the same count n_b (heads keep *different* positions),
 so the attention mask depends only on the sample and broadcasts over heads (SDPA with GQA stays
@@ -46,12 +49,13 @@ class Step:
     causal: bool  # use SDPA's is_causal instead of a mask
     n_keys: int  # N = max count after the write
     seqlens: torch.Tensor  # (B,) int32 count per sample after the write (flash-attn's cache_seqlens)
+    q_src: torch.Tensor | None = None  # (B, W) source of each kept query in cat(kept queries, chunk)
 
 
 class _Group:
     """Stacked storage for the consecutive layers that live on one device."""
 
-    def __init__(self, layers, batch, heads, capacity, head_dim, dtype, device, track):
+    def __init__(self, layers, batch, heads, capacity, head_dim, dtype, device, track, q_heads=0, window=0):
         self.layers = list(layers)
         self.device = torch.device(device)
         L, S = len(self.layers), capacity + 1
@@ -60,6 +64,7 @@ class _Group:
         self.pos = torch.zeros(L, batch, heads, S, dtype=torch.int32, device=self.device)
         self.sum_w = torch.zeros(L, batch, heads, S, dtype=torch.float32, device=self.device) if track else None
         self.last_w = torch.zeros_like(self.sum_w) if track else None
+        self.q = torch.zeros(L, batch, q_heads, window, head_dim, dtype=dtype, device=self.device) if window else None
 
     def tensors(self) -> dict[str, torch.Tensor]:
         t = {"k": self.k, "v": self.v, "pos": self.pos}
@@ -68,7 +73,8 @@ class _Group:
         return t
 
     def nbytes(self) -> int:
-        return sum(x.numel() * x.element_size() for x in self.tensors().values())
+        extra = [self.q] if self.q is not None else []
+        return sum(x.numel() * x.element_size() for x in [*self.tensors().values(), *extra])
 
 
 class _LayerView(CacheLayerMixin):
@@ -111,8 +117,13 @@ class KVCache(Cache):
         layer_devices: list[torch.device | str],
         track_attention: bool = False,
         gather_layers: int = 4,
+        num_q_heads: int | None = None,
+        query_window: int = 0,
     ):
         self.batch_size_ = batch_size
+        self.q_heads = num_q_heads or num_kv_heads
+        self.query_window = query_window
+        self.query_scale: float | None = None  # the attention's softmax scale, seen at the first forward
         self.heads, self.head_dim, self.dtype = num_kv_heads, head_dim, dtype
         self.capacity = capacity
         self.track_attention = track_attention
@@ -129,12 +140,14 @@ class KVCache(Cache):
             else:
                 runs.append((dev, [layer]))
         for dev, layers in runs:
-            g = _Group(layers, batch_size, num_kv_heads, capacity, head_dim, dtype, dev, track_attention)
+            g = _Group(layers, batch_size, num_kv_heads, capacity, head_dim, dtype, dev, track_attention,
+                       self.q_heads, query_window)
             self._groups.append(g)
             self._where += [(g, i) for i in range(len(layers))]
         # per-sample bookkeeping lives on the CPU: scheduling decisions never sync the device
         self.n = torch.zeros(batch_size, dtype=torch.long)  # kept pairs per sample
         self.seen = torch.zeros(batch_size, dtype=torch.long)  # real tokens processed per sample
+        self.qpos = torch.full((batch_size, query_window), -1, dtype=torch.long)  # positions of the kept queries
         self.peak_pairs = 0  # max over time of sum_b n_b
         self.evictions = 0
         self._step_cpu: dict | None = None
@@ -160,13 +173,14 @@ class KVCache(Cache):
     @staticmethod
     def nbytes_for(
         *, batch_size: int, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype,
-        track_attention: bool,
+        track_attention: bool, num_q_heads: int | None = None, query_window: int = 0,
     ) -> int:
         """What `allocated_bytes()` reports for such a cache, before building it (kvbench.memory's account).
 
         Built from the same `_Group` on the meta device, so the count cannot drift from the allocation.
         """
-        g = _Group(range(num_layers), batch_size, num_kv_heads, capacity, head_dim, dtype, "meta", track_attention)
+        g = _Group(range(num_layers), batch_size, num_kv_heads, capacity, head_dim, dtype, "meta", track_attention,
+                   num_q_heads or num_kv_heads, query_window)
         return g.nbytes()
 
     def layer_keys(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -216,6 +230,14 @@ class KVCache(Cache):
             seqlens=n_new.to(torch.int32),
             T=T,
         )
+        if self.query_window:  # the newest W queries of (kept ++ this chunk's real ones), oldest first
+            W = self.query_window
+            e = torch.arange(W - 1, -1, -1)[None, :]  # (1, W) age of each entry: 0 = newest
+            src = torch.where(e < r[:, None], W + T - 1 - e, W - 1 - (e - r[:, None]))  # (B, W) in cat(old, chunk)
+            old = self.qpos.gather(1, src.clamp(0, W - 1))
+            new = self.seen[:, None] + r[:, None] - 1 - e
+            self.qpos = torch.where(e < r[:, None], new, torch.where(src >= 0, old, -1))
+            self._step_cpu["q_src"] = src.clamp(min=0)
         self._steps = {}
         self.step_keys = n_keys
         self.n = n_new
@@ -247,6 +269,7 @@ class KVCache(Cache):
                 causal=c["causal"],
                 n_keys=c["n_keys"],
                 seqlens=c["seqlens"].to(device),
+                q_src=c["q_src"].to(device) if "q_src" in c else None,
             )
             self._steps[device] = st
         return st
@@ -264,6 +287,15 @@ class KVCache(Cache):
             g.last_w[i][st.b_idx, :, st.slot] = 0.0
         N = st.n_keys
         return K[:, :, :N], V[:, :, :N]
+
+    def remember_queries(self, layer: int, query: torch.Tensor, scaling: float) -> None:
+        """Keep the newest `query_window` real queries of `layer` (query (B, H_q, T, D), RoPE applied)."""
+        g, i = self._where[layer]
+        st = self.step_on(g.device)
+        both = torch.cat([g.q[i], query.to(g.q.dtype)], dim=2)  # (B, H_q, W + T, D)
+        idx = st.q_src[:, None, :, None].expand(-1, both.shape[1], -1, both.shape[3])
+        g.q[i] = both.gather(2, idx)
+        self.query_scale = scaling
 
     def accumulate(self, layer: int, w_sum: torch.Tensor, w_last: torch.Tensor) -> None:
         """Add a forward's attention statistics (B, H_kv, N) of `layer` (pads already excluded)."""
@@ -298,7 +330,14 @@ class KVCache(Cache):
             sel = slice(None) if all_rows else rows.nonzero()[:, 0].to(dev)
             t = {name: x[:, sel, :, :N] for name, x in g.tensors().items() if name not in ("k", "v")}
             last_d = last.to(dev)[None, :, None, None]
-            stats = ScoreStats(pos=t["pos"], last=last_d, sum_w=t.get("sum_w"), last_w=t.get("last_w"))
+            stats = ScoreStats(
+                pos=t["pos"], last=last_d, sum_w=t.get("sum_w"), last_w=t.get("last_w"),
+                n=n_rows.to(dev)[None, :, None, None], layers=torch.tensor(g.layers, device=dev)[:, None, None, None],
+                keys=g.k[:, sel, :, :N] if policy.needs_keys else None,
+                queries=g.q[:, sel] if policy.query_window else None,
+                query_pos=self.qpos[rows].to(dev)[None, :, None, :] if policy.query_window else None,
+                scale=self.query_scale,
+            )
             score = policy.score(stats).float()  # (L, B', H, N)
             pos = t["pos"]
             protected = (pos < policy.protect_first) | (pos > last_d - policy.protect_recent)

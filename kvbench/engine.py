@@ -60,6 +60,7 @@ def model_geometry(model) -> dict:
     layers = model.get_decoder().layers
     return dict(
         num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+        num_q_heads=heads,
         head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
         layer_devices=[next(layer.parameters()).device for layer in layers],
         dtype=model.dtype,
@@ -84,6 +85,7 @@ class _Batch:
             batch_size=B,
             capacity=policy.capacity(s, max_new_tokens),
             track_attention=policy.needs_attention,
+            query_window=policy.query_window,
             **geometry,
         )
         self.pad_id = pad_id
