@@ -29,8 +29,10 @@ I MLP width, V vocabulary, Hq / H query / KV heads, D head dim, L layers on the 
           indices, masks) + the K/V gather of `gather_layers` layers at a time: b = B gathers the
           kept pairs, gather_layers·B·H·keep·D·e; b < B first copies its rows out,
           gather_layers·b·H·(N + keep)·D·e + L·b·H·N·(4 + 8 if scored)
-          + the keys' copy L·b·H·N·D·e for a policy that reads keys (b < B only)
-          + what the policy's own score computes (`Policy.score_bytes`, e.g. SnapKV's window logits)
+          + the keys' copy L·b·H·N·D·e for a policy that reads keys, and of its W kept queries
+          L·b·Hq·W·D·e for a policy with a query window (b < B only)
+          + the larger of (the scores, sort and gather above) and (the policy's own score computation,
+          `Policy.score_bytes`, e.g. SnapKV's window logits, + its result)
       decode_only resize: the kv_size-slot cache, built while the prompt-sized one is alive
 Each device of a `device_map` split is charged the whole transient (an upper bound). Not counted:
 Python objects, allocator fragmentation and caching, the CUDA context.
@@ -182,9 +184,11 @@ def _evict_bytes(s: ModelShape, L: int, B: int, N: int, rows: int, keep: int, po
         copies, gathered = 4 + (8 if scored else 0), rows * (N + keep)
     gather = min(GATHER_LAYERS, L) * s.kv_heads * gathered * s.head_dim * s.elem  # gather_layers at a time
     keys = L * rows * s.kv_heads * N * s.head_dim * s.elem if policy.needs_keys and rows < B else 0
+    keys += L * rows * s.q_heads * policy.query_window * s.head_dim * s.elem if rows < B else 0  # kept queries
     own = policy.score_bytes(layers=L, rows=rows, kv_heads=s.kv_heads, q_heads=s.q_heads, pairs=N,
-                             head_dim=s.head_dim, elem=s.elem)
-    return L * rows * s.kv_heads * N * (EVICT_BYTES + copies) + gather + keys + own
+                             head_dim=s.head_dim, elem=s.elem)  # freed before the sort and the gather start
+    pairs = L * rows * s.kv_heads * N
+    return pairs * copies + keys + max(pairs * EVICT_BYTES + gather, pairs * 4 + own)
 
 
 def _cache_bytes(s: ModelShape, B: int, L: int, slots: int, policy) -> int:

@@ -73,10 +73,12 @@ class SnapKV(Policy):
             l1 = min(L, l0 + LAYER_CHUNK)
             q = queries[l0:l1].reshape(l1 - l0, B, H, G * W, D)  # heads of a group adjacent
             s = (q @ keys[l0:l1].transpose(-1, -2)).float().view(l1 - l0, B, H, G, W, N) * scale
-            see = (stats.pos[l0:l1, :, :, None, None, :] <= qpos) & slot_ok  # causal, held slots only
-            s.masked_fill_(~see, float("-inf"))
+            hide = (stats.pos[l0:l1, :, :, None, None, :] > qpos) | ~slot_ok  # causal, held slots only
+            s.masked_fill_(hide, float("-inf"))
+            del hide
             w = torch.softmax(s, dim=-1).nan_to_num_(0.0)  # a query that sees no pair gives nothing
-            w = (w * qreal).sum(dim=4)  # (l, B, H, G, N): summed over the window
+            del s
+            w = w.mul_(qreal).sum(dim=4)  # (l, B, H, G, N): summed over the window
             flat = w.reshape(-1, 1, N)
             pad = self.kernel // 2
             if self.pooling == "max":
@@ -88,8 +90,9 @@ class SnapKV(Policy):
 
     def score_bytes(self, *, layers, rows, kv_heads, q_heads, pairs, head_dim, elem) -> int:
         lc = min(LAYER_CHUNK, layers)
-        logits = lc * rows * q_heads * self.window * pairs * (4 + 4 + (elem if elem != 4 else 0))  # logits, weights
-        return logits + lc * rows * kv_heads * self.window * pairs + 3 * lc * rows * q_heads * pairs * 4
+        per = max(8, 4 + elem if elem != 4 else 4)  # float32 logits + their model-dtype source, or + the weights
+        logits = lc * rows * q_heads * self.window * pairs * per
+        return logits + 2 * lc * rows * kv_heads * self.window * pairs + 3 * lc * rows * q_heads * pairs * 4
 
     def describe(self) -> dict:
         d = super().describe()
