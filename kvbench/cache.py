@@ -19,6 +19,12 @@ usable). Pad tokens are never stored: a forward writes only each sample's real t
 n_b .. n_b + r_b - 1. KV memory is fixed when the cache is built (`capacity` slots) and only
 changes through `resize` (a decode-only policy drops to kv_size slots once it has compressed).
 
+RoPE re-rotation (`rope_inv_freq` given, `policy.rerotate=true`): a pair's rotary position is its
+slot, always. An eviction compacts the kept pairs to slots [0, keep) and rotates each kept key by
+(new slot - old slot), so kept keys are exactly keys rotated at contiguous positions; new tokens are
+rotated at their slots, i.e. continue from the kept count. `pos` keeps the source positions (what
+policies score by); `begin_forward` returns the rotary positions for the model's `position_ids`.
+
 The engine drives it: `begin_forward(r, positions)` before each forward pass (computes write
 slots and the mask once for all layers), `evict(rows, keep, policy)` between forward passes.
 """
@@ -119,11 +125,13 @@ class KVCache(Cache):
         gather_layers: int = 4,
         num_q_heads: int | None = None,
         query_window: int = 0,
+        rope_inv_freq: torch.Tensor | None = None,
     ):
         self.batch_size_ = batch_size
         self.q_heads = num_q_heads or num_kv_heads
         self.query_window = query_window
         self.query_scale: float | None = None  # the attention's softmax scale, seen at the first forward
+        self.rope_inv_freq = None if rope_inv_freq is None else rope_inv_freq.detach().float().cpu()  # (R/2,)
         self.heads, self.head_dim, self.dtype = num_kv_heads, head_dim, dtype
         self.capacity = capacity
         self.track_attention = track_attention
@@ -197,8 +205,9 @@ class KVCache(Cache):
     def begin_forward(self, r: torch.Tensor, width: int) -> torch.Tensor:
         """Prepare a forward over a (B, width) chunk where sample b's r_b real tokens are right-aligned.
 
-        Returns the (B, width) position ids (true positions, 0 for pads). Must be called before each
-        forward; the write slots and the mask are computed once here for all layers.
+        Returns the (B, width) position ids (true positions, 0 for pads; with re-rotation the slots,
+        i.e. positions counted from the kept pairs). Must be called before each forward; the write
+        slots and the mask are computed once here for all layers.
         """
         B, T = self.batch_size_, width
         r = r.to(torch.long)
@@ -243,6 +252,8 @@ class KVCache(Cache):
         self.n = n_new
         self.seen = self.seen + r
         self.peak_pairs = max(self.peak_pairs, int(n_new.sum()))
+        if self.rope_inv_freq is not None:  # a pair's rotary position is its slot
+            return torch.where(real, n_old[:, None] + j, torch.zeros_like(j))
         return positions
 
     def step_on(self, device: torch.device) -> Step:
@@ -353,9 +364,33 @@ class KVCache(Cache):
                 l1 = min(l0 + self.gather_layers, len(g.layers))
                 idx = kept[l0:l1, ..., None].expand(-1, -1, -1, -1, D)
                 for x in (g.k, g.v):
-                    x[l0:l1, sel, :, :keep] = x[l0:l1, sel, :, :N].gather(3, idx)
+                    y = x[l0:l1, sel, :, :N].gather(3, idx)  # (l, B', H, keep, D)
+                    if x is g.k and self.rope_inv_freq is not None:
+                        y = self._rotate(y, torch.arange(keep, device=dev) - kept[l0:l1])  # old slot -> new slot
+                    x[l0:l1, sel, :, :keep] = y
+                    del y  # not alive while the next tensor is gathered
+            if g.q is not None and self.rope_inv_freq is not None:  # kept queries follow the newest pairs
+                shift = (keep - n_rows).to(dev)[None, :, None, None]  # (1, B', 1, 1): slot shift of the newest
+                g.q[:, sel] = self._rotate(g.q[:, sel], shift.expand(-1, -1, g.q.shape[2], g.q.shape[3]))
         self.n = torch.where(rows, torch.full_like(self.n, keep), self.n)
         self.evictions += 1
+
+    def _rotate(self, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        """Keys k (..., D) with RoPE at position p, rotated by `delta` (...,) to position p + delta.
+
+        RoPE is a rotation per pair of dimensions (i, i + R/2) by angle p * inv_freq[i], and rotations
+        compose: R(p + delta) = R(delta) R(p). Tables in float32, cast to the keys' dtype, like
+        transformers' own RoPE; dimensions past R (partial rotary) are left alone.
+        """
+        inv = self.rope_inv_freq.to(k.device)
+        R = 2 * inv.shape[0]
+        freqs = delta[..., None].float() * inv  # (..., R/2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(k.dtype), emb.sin().to(k.dtype)
+        kr = k[..., :R]
+        rotated = torch.cat((-kr[..., R // 2 :], kr[..., : R // 2]), dim=-1)  # rotate_half
+        out = (kr * cos).addcmul_(rotated, sin)
+        return out if R == k.shape[-1] else torch.cat((out, k[..., R:]), dim=-1)
 
     def resize(self, capacity: int) -> None:
         """Reallocate every group to `capacity` slots (must hold every sample's pairs), freeing the rest."""

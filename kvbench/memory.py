@@ -29,6 +29,7 @@ I MLP width, V vocabulary, Hq / H query / KV heads, D head dim, L layers on the 
           indices, masks) + the K/V gather of `gather_layers` layers at a time: b = B gathers the
           kept pairs, gather_layers·B·H·keep·D·e; b < B first copies its rows out,
           gather_layers·b·H·(N + keep)·D·e + L·b·H·N·(4 + 8 if scored)
+          + with policy.rerotate, the rotation of the gathered keys: gather_layers·b·H·keep·D·(2·4 + 4·e)
           + the keys' copy L·b·H·N·D·e for a policy that reads keys, and of its W kept queries
           L·b·Hq·W·D·e for a policy with a query window (b < B only)
           + the larger of (the scores, sort and gather above) and (the policy's own score computation,
@@ -57,6 +58,7 @@ HIDDEN_BUFFERS = 4  # (B, T, h) tensors alive through a decoder layer
 ID_BUFFERS = 4  # (B, T) int64 tensors of a forward's bookkeeping
 ROPE_BUFFERS = 4  # query-sized tensors alive while RoPE rotates the queries
 EVICT_BYTES = 21  # per (layer, sample, head, pair) in an eviction: score 4, sort values 4 + indices 8, masks
+ROTATE_F32, ROTATE_E = 2, 4  # re-rotation: float32 (angles, their cos/sin) and model-dtype (cos, sin, rotate_half, product) buffers per key element
 GATHER_LAYERS = KVCache.__init__.__kwdefaults__["gather_layers"]  # the engine builds caches with the default
 
 
@@ -183,6 +185,8 @@ def _evict_bytes(s: ModelShape, L: int, B: int, N: int, rows: int, keep: int, po
     else:  # a subset: its positions (+ statistics) and its N pairs are copied out first
         copies, gathered = 4 + (8 if scored else 0), rows * (N + keep)
     gather = min(GATHER_LAYERS, L) * s.kv_heads * gathered * s.head_dim * s.elem  # gather_layers at a time
+    if policy.rerotate:  # KVCache._rotate on the gathered keys: float32 angles, cos, sin, rotate_half, products
+        gather += min(GATHER_LAYERS, L) * s.kv_heads * rows * keep * s.head_dim * (ROTATE_F32 * 4 + ROTATE_E * s.elem)
     keys = L * rows * s.kv_heads * N * s.head_dim * s.elem if policy.needs_keys and rows < B else 0
     keys += L * rows * s.q_heads * policy.query_window * s.head_dim * s.elem if rows < B else 0  # kept queries
     own = policy.score_bytes(layers=L, rows=rows, kv_heads=s.kv_heads, q_heads=s.q_heads, pairs=N,

@@ -86,6 +86,8 @@ CASES = [  # (policy, prompt lengths, prefill_chunk): full and chunked prefill, 
     (SnapKV(kv_size=32, evict_every=8, window=8), (90, 70, 40), None),
     (SnapKV(kv_size=32, evict_every=8, window=16, protect_recent=4, schedule="prefill_and_decode"), (90, 70, 40), 8),
     (TOVA(kv_size=24), (90, 70), None),
+    (BatchMax(kv_size=32, evict_every=8, rerotate=True), (90, 70, 40), None),
+    (SnapKV(kv_size=32, evict_every=8, window=8, rerotate=True), (90, 70, 40), None),
 ]
 
 

@@ -78,6 +78,7 @@ class Policy:
     schedule: str = "prefill_and_decode"
     protect_first: int = 0
     protect_recent: int = 0
+    rerotate: bool = False  # re-rotate kept keys to contiguous positions (Llama-style RoPE)
 
     name: ClassVar[str] = "base"
     needs_attention: ClassVar[bool] = False
@@ -100,6 +101,8 @@ class Policy:
             raise ConfigError(f"{p}.evict_every", "must be a positive integer", self.evict_every)
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"{p}.schedule", f"must be one of {', '.join(SCHEDULES)}", self.schedule)
+        if not isinstance(self.rerotate, bool):
+            raise ConfigError(f"{p}.rerotate", "must be true or false", self.rerotate)
         for key in ("protect_first", "protect_recent"):
             v = getattr(self, key)
             if not _is_int(v) or v < 0:
@@ -167,5 +170,7 @@ class Policy:
             ext.append(f"protect_first={self.protect_first}")
         if self.protect_recent:
             ext.append(f"protect_recent={self.protect_recent}")
+        if self.rerotate and self.evicts:
+            ext.append("rerotate: kept keys re-rotated to contiguous positions, new tokens continue from the kept count")
         d["extensions"] = ext
         return d

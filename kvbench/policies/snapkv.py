@@ -16,6 +16,9 @@ far (the tail of the block just processed, reaching into earlier blocks when p <
 attention is recomputed over the pairs held now (kv_size of them, not the whole prefix: a departure,
 in `extensions`); while decoding they are the newest generated tokens (and prompt tail).
 
+With `rerotate=true` the kept queries are rotated by the slot shift of the newest pairs (their own
+pairs when the window is protected, the default), so they stay at their own pairs' positions.
+
 Computed `LAYER_CHUNK` layers at a time: the logits of a chunk are (l, B, H_q, W, N) float32.
 """
 

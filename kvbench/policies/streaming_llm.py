@@ -19,10 +19,11 @@ class StreamingLLM(Window):
 
     def describe(self) -> dict:
         d = super().describe()
-        ext = [e for e in d["extensions"] if e != "protect_first=4"]  # its own sinks
+        # its own sinks, and re-rotation is what StreamingLLM publishes
+        ext = [e for e in d["extensions"] if e != "protect_first=4" and not e.startswith("rerotate:")]
         if self.evict_every > 1:
             ext.append(f"evict_every={self.evict_every} (published: one pair per token)")
-        if not getattr(self, "rerotate", False):
+        if not self.rerotate:
             ext.append("source positions kept (published re-indexes positions in the cache: policy.rerotate=true)")
         d["extensions"] = ext
         return d
