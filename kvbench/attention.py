@@ -267,6 +267,8 @@ def kvbench_attention(module, query, key, value, attention_mask, scaling=None, d
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     step = cache.step_on(query.device)
     backend, track = _state["backend"], cache.track_attention
+    if cache.query_window:  # a policy scoring with the newest queries (SnapKV's observation window)
+        cache.remember_queries(module.layer_idx, query, scaling)
     if backend == "eager":  # output and statistics from one set of probabilities: no separate statistics time
         out, stats = _eager(query, key, value, step, scaling, track)
     elif backend == "fused" and track:

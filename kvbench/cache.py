@@ -9,12 +9,21 @@ vectorised over layers, heads and samples):
     pos            (L_g, B, H_kv, C + 1)      source position of each slot (int32)
     sum_w, last_w  (L_g, B, H_kv, C + 1)      attention statistics (float32), only when the
                                               policy needs them
+    q              (L_g, B, H_q, W, D)        the newest W queries (RoPE applied), oldest first, only
+                                              when the policy has a `query_window` W (SnapKV); their
+                                              positions are `KVCache.qpos` (B, W) on the CPU, -1 = empty
 
 Every layer and KV head of sample b holds the same count n_b (heads keep *different* positions),
 so the attention mask depends only on the sample and broadcasts over heads (SDPA with GQA stays
 usable). Pad tokens are never stored: a forward writes only each sample's real tokens, at slots
 n_b .. n_b + r_b - 1. KV memory is fixed when the cache is built (`capacity` slots) and only
 changes through `resize` (a decode-only policy drops to kv_size slots once it has compressed).
+
+RoPE re-rotation (`rope_inv_freq` given, `policy.rerotate=true`): a pair's rotary position is its
+slot, always. An eviction compacts the kept pairs to slots [0, keep) and rotates each kept key by
+(new slot - old slot), so kept keys are exactly keys rotated at contiguous positions; new tokens are
+rotated at their slots, i.e. continue from the kept count. `pos` keeps the source positions (what
+policies score by); `begin_forward` returns the rotary positions for the model's `position_ids`.
 
 The engine drives it: `begin_forward(r, positions)` before each forward pass (computes write
 slots and the mask once for all layers), `evict(rows, keep, policy)` between forward passes, and
@@ -53,12 +62,13 @@ class Step:
     causal: bool  # use SDPA's is_causal instead of a mask
     n_keys: int  # N = max count after the write
     seqlens: torch.Tensor  # (B,) int32 count per sample after the write (flash-attn's cache_seqlens)
+    q_src: torch.Tensor | None = None  # (B, W) source of each kept query in cat(kept queries, chunk)
 
 
 class _Group:
     """Stacked storage for the consecutive layers that live on one device."""
 
-    def __init__(self, layers, batch, heads, capacity, head_dim, dtype, device, track):
+    def __init__(self, layers, batch, heads, capacity, head_dim, dtype, device, track, q_heads=0, window=0):
         self.layers = list(layers)
         self.device = torch.device(device)
         L, S = len(self.layers), capacity + 1
@@ -67,6 +77,7 @@ class _Group:
         self.pos = torch.zeros(L, batch, heads, S, dtype=torch.int32, device=self.device)
         self.sum_w = torch.zeros(L, batch, heads, S, dtype=torch.float32, device=self.device) if track else None
         self.last_w = torch.zeros_like(self.sum_w) if track else None
+        self.q = torch.zeros(L, batch, q_heads, window, head_dim, dtype=dtype, device=self.device) if window else None
 
     def tensors(self) -> dict[str, torch.Tensor]:
         t = {"k": self.k, "v": self.v, "pos": self.pos}
@@ -75,7 +86,8 @@ class _Group:
         return t
 
     def nbytes(self) -> int:
-        return sum(x.numel() * x.element_size() for x in self.tensors().values())
+        extra = [self.q] if self.q is not None else []
+        return sum(x.numel() * x.element_size() for x in [*self.tensors().values(), *extra])
 
 
 class _LayerView(CacheLayerMixin):
@@ -128,8 +140,15 @@ class KVCache(Cache):
         layer_devices: list[torch.device | str],
         track_attention: bool = False,
         gather_layers: int = 4,
+        num_q_heads: int | None = None,
+        query_window: int = 0,
+        rope_inv_freq: torch.Tensor | None = None,
     ):
         self.batch_size_ = batch_size
+        self.q_heads = num_q_heads or num_kv_heads
+        self.query_window = query_window
+        self.query_scale: float | None = None  # the attention's softmax scale, seen at the first forward
+        self.rope_inv_freq = None if rope_inv_freq is None else rope_inv_freq.detach().float().cpu()  # (R/2,)
         self.heads, self.head_dim, self.dtype = num_kv_heads, head_dim, dtype
         self.capacity = capacity
         self.track_attention = track_attention
@@ -146,12 +165,14 @@ class KVCache(Cache):
             else:
                 runs.append((dev, [layer]))
         for dev, layers in runs:
-            g = _Group(layers, batch_size, num_kv_heads, capacity, head_dim, dtype, dev, track_attention)
+            g = _Group(layers, batch_size, num_kv_heads, capacity, head_dim, dtype, dev, track_attention,
+                       self.q_heads, query_window)
             self._groups.append(g)
             self._where += [(g, i) for i in range(len(layers))]
         # per-sample bookkeeping lives on the CPU: scheduling decisions never sync the device
         self.n = torch.zeros(batch_size, dtype=torch.long)  # kept pairs per sample
         self.seen = torch.zeros(batch_size, dtype=torch.long)  # real tokens processed per sample
+        self.qpos = torch.full((batch_size, query_window), -1, dtype=torch.long)  # positions of the kept queries
         self.peak_pairs = 0  # max over time of sum_b n_b
         self.evictions = 0
         self._step_cpu: dict | None = None
@@ -189,13 +210,14 @@ class KVCache(Cache):
     @staticmethod
     def nbytes_for(
         *, batch_size: int, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype,
-        track_attention: bool,
+        track_attention: bool, num_q_heads: int | None = None, query_window: int = 0,
     ) -> int:
         """What `allocated_bytes()` reports for such a cache, before building it (kvbench.memory's account).
 
         Built from the same `_Group` on the meta device, so the count cannot drift from the allocation.
         """
-        g = _Group(range(num_layers), batch_size, num_kv_heads, capacity, head_dim, dtype, "meta", track_attention)
+        g = _Group(range(num_layers), batch_size, num_kv_heads, capacity, head_dim, dtype, "meta", track_attention,
+                   num_q_heads or num_kv_heads, query_window)
         return g.nbytes()
 
     def layer_keys(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -212,8 +234,9 @@ class KVCache(Cache):
     def begin_forward(self, r: torch.Tensor, width: int) -> torch.Tensor:
         """Prepare a forward over a (B, width) chunk where sample b's r_b real tokens are right-aligned.
 
-        Returns the (B, width) position ids (true positions, 0 for pads). Must be called before each
-        forward; the write slots and the mask are computed once here for all layers.
+        Returns the (B, width) position ids (true positions, 0 for pads; with re-rotation the slots,
+        i.e. positions counted from the kept pairs). Must be called before each forward; the write
+        slots and the mask are computed once here for all layers.
         """
         B, T = self.batch_size_, width
         r = r.to(torch.long)
@@ -245,11 +268,21 @@ class KVCache(Cache):
             seqlens=n_new.to(torch.int32),
             T=T,
         )
+        if self.query_window:  # the newest W queries of (kept ++ this chunk's real ones), oldest first
+            W = self.query_window
+            e = torch.arange(W - 1, -1, -1)[None, :]  # (1, W) age of each entry: 0 = newest
+            src = torch.where(e < r[:, None], W + T - 1 - e, W - 1 - (e - r[:, None]))  # (B, W) in cat(old, chunk)
+            old = self.qpos.gather(1, src.clamp(0, W - 1))
+            new = self.seen[:, None] + r[:, None] - 1 - e
+            self.qpos = torch.where(e < r[:, None], new, torch.where(src >= 0, old, -1))
+            self._step_cpu["q_src"] = src.clamp(min=0)
         self._steps = {}
         self.step_keys = n_keys
         self.n = n_new
         self.seen = self.seen + r
         self.peak_pairs = max(self.peak_pairs, int(n_new.sum()))
+        if self.rope_inv_freq is not None:  # a pair's rotary position is its slot
+            return torch.where(real, n_old[:, None] + j, torch.zeros_like(j))
         return positions
 
     def step_on(self, device: torch.device) -> Step:
@@ -276,6 +309,7 @@ class KVCache(Cache):
                 causal=c["causal"],
                 n_keys=c["n_keys"],
                 seqlens=c["seqlens"].to(device),
+                q_src=c["q_src"].to(device) if "q_src" in c else None,
             )
             self._steps[device] = st
         return st
@@ -293,6 +327,15 @@ class KVCache(Cache):
             g.last_w[i][st.b_idx, :, st.slot] = 0.0
         N = st.n_keys
         return K[:, :, :N], V[:, :, :N]
+
+    def remember_queries(self, layer: int, query: torch.Tensor, scaling: float) -> None:
+        """Keep the newest `query_window` real queries of `layer` (query (B, H_q, T, D), RoPE applied)."""
+        g, i = self._where[layer]
+        st = self.step_on(g.device)
+        both = torch.cat([g.q[i], query.to(g.q.dtype)], dim=2)  # (B, H_q, W + T, D)
+        idx = st.q_src[:, None, :, None].expand(-1, both.shape[1], -1, both.shape[3])
+        g.q[i] = both.gather(2, idx)
+        self.query_scale = scaling
 
     def accumulate(self, layer: int, w_sum: torch.Tensor, w_last: torch.Tensor) -> None:
         """Add a forward's attention statistics (B, H_kv, N) of `layer` (pads already excluded)."""
@@ -319,7 +362,7 @@ class KVCache(Cache):
         n_rows = self.n[rows]
         if int(n_rows.min()) <= keep:
             raise RuntimeError("evict called on a sample that does not hold more than `keep` pairs")
-        if policy.keeps_newest:
+        if policy.keeps_newest and self.rope_inv_freq is None:  # re-rotation moves keys: the generic path
             self._keep_newest(rows, keep, policy.protect_first)
         else:
             self._keep_top_scored(rows, n_rows, keep, policy)
@@ -357,7 +400,14 @@ class KVCache(Cache):
             sel = slice(None) if all_rows else rows.nonzero()[:, 0].to(dev)
             t = {name: x[:, sel, :, :N] for name, x in g.tensors().items() if name not in ("k", "v")}
             last_d = last.to(dev)[None, :, None, None]
-            stats = ScoreStats(pos=t["pos"], last=last_d, sum_w=t.get("sum_w"), last_w=t.get("last_w"))
+            stats = ScoreStats(
+                pos=t["pos"], last=last_d, sum_w=t.get("sum_w"), last_w=t.get("last_w"),
+                n=n_rows.to(dev)[None, :, None, None], layers=torch.tensor(g.layers, device=dev)[:, None, None, None],
+                keys=g.k[:, sel, :, :N] if policy.needs_keys else None,
+                queries=g.q[:, sel] if policy.query_window else None,
+                query_pos=self.qpos[rows].to(dev)[None, :, None, :] if policy.query_window else None,
+                scale=self.query_scale,
+            )
             score = policy.score(stats).float()  # (L, B', H, N)
             pos = t["pos"]
             protected = (pos < policy.protect_first) | (pos > last_d - policy.protect_recent)
@@ -373,7 +423,31 @@ class KVCache(Cache):
                 l1 = min(l0 + self.gather_layers, len(g.layers))
                 idx = kept[l0:l1, ..., None].expand(-1, -1, -1, -1, D)
                 for x in (g.k, g.v):
-                    x[l0:l1, sel, :, :keep] = x[l0:l1, sel, :, :N].gather(3, idx)
+                    y = x[l0:l1, sel, :, :N].gather(3, idx)  # (l, B', H, keep, D)
+                    if x is g.k and self.rope_inv_freq is not None:
+                        y = self._rotate(y, torch.arange(keep, device=dev) - kept[l0:l1])  # old slot -> new slot
+                    x[l0:l1, sel, :, :keep] = y
+                    del y  # not alive while the next tensor is gathered
+            if g.q is not None and self.rope_inv_freq is not None:  # kept queries follow the newest pairs
+                shift = (keep - n_rows).to(dev)[None, :, None, None]  # (1, B', 1, 1): slot shift of the newest
+                g.q[:, sel] = self._rotate(g.q[:, sel], shift.expand(-1, -1, g.q.shape[2], g.q.shape[3]))
+
+    def _rotate(self, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        """Keys k (..., D) with RoPE at position p, rotated by `delta` (...,) to position p + delta.
+
+        RoPE is a rotation per pair of dimensions (i, i + R/2) by angle p * inv_freq[i], and rotations
+        compose: R(p + delta) = R(delta) R(p). Tables in float32, cast to the keys' dtype, like
+        transformers' own RoPE; dimensions past R (partial rotary) are left alone.
+        """
+        inv = self.rope_inv_freq.to(k.device)
+        R = 2 * inv.shape[0]
+        freqs = delta[..., None].float() * inv  # (..., R/2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(k.dtype), emb.sin().to(k.dtype)
+        kr = k[..., :R]
+        rotated = torch.cat((-kr[..., R // 2 :], kr[..., : R // 2]), dim=-1)  # rotate_half
+        out = (kr * cos).addcmul_(rotated, sin)
+        return out if R == k.shape[-1] else torch.cat((out, k[..., R:]), dim=-1)
 
     def resize(self, capacity: int) -> None:
         """Reallocate every group to `capacity` slots (must hold every sample's pairs), freeing the rest."""

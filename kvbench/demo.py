@@ -22,6 +22,11 @@ POLICIES = [
     ["policy=h2o", "policy.kv_size=256"],
     ["policy=tova", "policy.kv_size=256"],
     ["policy=batch_max", "policy.kv_size=256"],
+    ["policy=streaming_llm", "policy.kv_size=256"],
+    ["policy=snapkv", "policy.kv_size=256"],
+    ["policy=knorm", "policy.kv_size=256"],
+    ["policy=keydiff", "policy.kv_size=256"],
+    ["policy=random", "policy.kv_size=256"],
 ]
 TASKS = {
     "passkey": ["task=passkey", "task.n_samples=8", "task.context_tokens=768", "gen.max_new_tokens=8", "batch_size=4"],

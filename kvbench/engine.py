@@ -66,10 +66,24 @@ def model_geometry(model) -> dict:
     layers = model.get_decoder().layers
     return dict(
         num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+        num_q_heads=heads,
         head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
         layer_devices=[next(layer.parameters()).device for layer in layers],
         dtype=model.dtype,
     )
+
+
+def rope_inv_freq(model) -> torch.Tensor:
+    """The model's RoPE frequencies (R/2,), for re-rotating kept keys (policy.rerotate=true).
+
+    Only position-independent RoPE composes as a rotation: no attention scaling of cos/sin and no
+    frequencies that change with the sequence length (dynamic / longrope types).
+    """
+    rope = getattr(model.get_decoder(), "rotary_emb", None)
+    kind = getattr(rope, "rope_type", None)
+    if rope is None or getattr(rope, "attention_scaling", 1.0) != 1.0 or kind in ("dynamic", "longrope"):
+        raise ValueError(f"policy.rerotate=true needs plain RoPE (this model's: {kind}); set policy.rerotate=false")
+    return rope.inv_freq
 
 
 def _sync(device: torch.device) -> None:
@@ -90,6 +104,8 @@ class _Batch:
             batch_size=B,
             capacity=policy.capacity(s, max_new_tokens),
             track_attention=policy.needs_attention,
+            query_window=policy.query_window,
+            rope_inv_freq=rope_inv_freq(model) if policy.rerotate and policy.evicts else None,
             **geometry,
         )
         self.pad_id = pad_id

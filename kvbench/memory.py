@@ -37,6 +37,11 @@ I MLP width, V vocabulary, Hq / H query / KV heads, D head dim, L layers on the 
           indices, masks) + the K/V gather of `gather_layers` layers at a time: b = B gathers the
           kept pairs, gather_layers·B·H·keep·D·e; b < B first copies its rows out,
           gather_layers·b·H·(N + keep)·D·e + L·b·H·N·(4 + 8 if scored)
+          + with policy.rerotate, the rotation of the gathered keys: gather_layers·b·H·keep·D·(2·4 + 4·e)
+          + the keys' copy L·b·H·N·D·e for a policy that reads keys, and of its W kept queries
+          L·b·Hq·W·D·e for a policy with a query window (b < B only)
+          + the larger of (the scores, sort and gather above) and (the policy's own score computation,
+          `Policy.score_bytes`, e.g. SnapKV's window logits, + its result)
       decode_only resize: the kv_size-slot cache, built while the prompt-sized one is alive
 Each device of a `device_map` split is charged the whole transient (an upper bound). Not counted:
 Python objects, allocator fragmentation and caching, the CUDA context.
@@ -62,6 +67,7 @@ HIDDEN_BUFFERS = 4  # (B, T, h) tensors alive through a decoder layer
 ID_BUFFERS = 4  # (B, T) int64 tensors of a forward's bookkeeping
 ROPE_BUFFERS = 4  # query-sized tensors alive while RoPE rotates the queries
 EVICT_BYTES = 21  # per (layer, sample, head, pair) in an eviction: score 4, sort values 4 + indices 8, masks
+ROTATE_F32, ROTATE_E = 2, 4  # re-rotation: float32 (angles, their cos/sin) and model-dtype (cos, sin, rotate_half, product) buffers per key element
 GATHER_LAYERS = KVCache.__init__.__kwdefaults__["gather_layers"]  # the engine builds caches with the default
 
 
@@ -195,20 +201,28 @@ def _forward_bytes(
     return base + max(phases)
 
 
-def _evict_bytes(s: ModelShape, L: int, B: int, N: int, rows: int, keep: int, scored: bool) -> int:
+def _evict_bytes(s: ModelShape, L: int, B: int, N: int, rows: int, keep: int, policy) -> int:
     """Transient bytes of one eviction of `rows` of the B samples, L layers, from N pairs down to `keep`."""
+    scored = policy.needs_attention
     if rows == B:  # every row: the statistics are sliced in place and K/V gather only the kept pairs
         copies, gathered = 0, B * keep
     else:  # a subset: its positions (+ statistics) and its N pairs are copied out first
         copies, gathered = 4 + (8 if scored else 0), rows * (N + keep)
     gather = min(GATHER_LAYERS, L) * s.kv_heads * gathered * s.head_dim * s.elem  # gather_layers at a time
-    return L * rows * s.kv_heads * N * (EVICT_BYTES + copies) + gather
+    if policy.rerotate:  # KVCache._rotate on the gathered keys: float32 angles, cos, sin, rotate_half, products
+        gather += min(GATHER_LAYERS, L) * s.kv_heads * rows * keep * s.head_dim * (ROTATE_F32 * 4 + ROTATE_E * s.elem)
+    keys = L * rows * s.kv_heads * N * s.head_dim * s.elem if policy.needs_keys and rows < B else 0
+    keys += L * rows * s.q_heads * policy.query_window * s.head_dim * s.elem if rows < B else 0  # kept queries
+    own = policy.score_bytes(layers=L, rows=rows, kv_heads=s.kv_heads, q_heads=s.q_heads, pairs=N,
+                             head_dim=s.head_dim, elem=s.elem)  # freed before the sort and the gather start
+    pairs = L * rows * s.kv_heads * N
+    return pairs * copies + keys + max(pairs * EVICT_BYTES + gather, pairs * 4 + own)
 
 
-def _cache_bytes(s: ModelShape, B: int, L: int, slots: int, scored: bool) -> int:
+def _cache_bytes(s: ModelShape, B: int, L: int, slots: int, policy) -> int:
     return KVCache.nbytes_for(
         batch_size=B, num_layers=L, num_kv_heads=s.kv_heads, head_dim=s.head_dim, capacity=slots, dtype=s.dtype,
-        track_attention=scored,
+        track_attention=policy.needs_attention, num_q_heads=s.q_heads, query_window=policy.query_window,
     )
 
 
@@ -263,10 +277,10 @@ def account(
             _forward_bytes(s, B, T, N, longest, scored, logits, score_chunk, dev == "cpu", backend)
             for T, N, logits in forwards
         ]
-        transients += [_evict_bytes(s, L, B, N, rows, keep, scored) for N, rows in evictions]
+        transients += [_evict_bytes(s, L, B, N, rows, keep, policy) for N, rows in evictions]
         if evictions and capacity > policy.kv_size:  # decode_only: the kv_size-slot copy of a resize
-            transients.append(_cache_bytes(s, B, L, policy.kv_size, scored))
-        kv = _cache_bytes(s, B, L, capacity, scored)
+            transients.append(_cache_bytes(s, B, L, policy.kv_size, policy))
+        kv = _cache_bytes(s, B, L, capacity, policy)
         devices[dev] = Footprint(weights=s.weights.get(dev, 0), kv_cache=kv, transient=max(transients))
     for dev, w in s.weights.items():  # devices with weights but no decoder layer (e.g. the lm_head's)
         devices.setdefault(dev, Footprint(weights=w, kv_cache=0, transient=0))

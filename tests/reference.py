@@ -18,7 +18,17 @@ Plain and slow on purpose, for the tests only. Nothing from kvbench is imported:
   the older pair, where the score is
       "average" (Batch-Max)  sum_w / (last + 1 - pos)
       "sum"     (H2O)        sum_w
-      "last"    (TOVA)       last_w
+      "last"    (TOVA, per KV head)  last_w
+      "last_layer" (TOVA)    last_w averaged over all query heads of the layer (the mean over the KV
+                             heads of their group means; every head holds the same positions)
+      "newest"  (window, StreamingLLM)  pos
+      "knorm"                minus the key's L2 norm
+      "keydiff"              minus the cosine of the key to the mean of the head's unit keys
+      "random"               a 31-bit integer hash of (seed, layer, head, last, pos), top 24 bits
+      "snapkv"               per query head: the last `window` queries processed (kept in a
+                             per-layer history, RoPE applied) attend, causally, over the pairs held;
+                             their softmax rows summed, max/avg-pooled over `kernel` neighbouring
+                             pairs (zero padding), then averaged over the query heads of the group
   and protected pairs are positions < protect_first and the protect_recent newest positions;
 * the schedules written from method.md:
       prefill_and_decode  Algorithm 1: first block of min(s, kv) positions, then "evict p, process
@@ -61,6 +71,10 @@ class Spec:
     schedule: str  # "prefill_and_decode" | "decode_only"
     protect_first: int = 0
     protect_recent: int = 0
+    seed: int = 0  # random
+    window: int = 0  # snapkv
+    kernel: int = 7
+    pooling: str = "max"
 
 
 @dataclass
@@ -133,6 +147,10 @@ class ReferenceModel:
         """cache[layer][kv_head] = list of Pair, in position order."""
         return [[[] for _ in range(self.Hkv)] for _ in self.layers]
 
+    def new_history(self) -> list[list[tuple[int, torch.Tensor]]]:
+        """history[layer] = every (position, query (Hq, D) with RoPE) processed, oldest first."""
+        return [[] for _ in self.layers]
+
     def _rope(self, x: torch.Tensor, pos: int) -> torch.Tensor:
         """x (heads, D) rotated for position `pos` (tables in float32 like transformers)."""
         freqs = torch.tensor(float(pos), dtype=torch.float32) * self.inv_freq  # (rot/2,)
@@ -142,15 +160,17 @@ class ReferenceModel:
         xr, xp = x[:, :rot], x[:, rot:]
         return torch.cat((xr * cos + _rotate_half(xr) * sin, xp), dim=-1)
 
-    def step(self, token: int, pos: int, cache) -> torch.Tensor:
+    def step(self, token: int, pos: int, cache, history=None) -> torch.Tensor:
         """Process one token at `pos`: append its pairs, attend, update scores. Returns logits (V,)."""
         x = self.embed[token]  # (hidden,)
-        for lw, heads in zip(self.layers, cache, strict=True):
+        for li, (lw, heads) in enumerate(zip(self.layers, cache, strict=True)):
             h = _rms_norm(x, lw["ln1"], self.eps)
             q = F.linear(h, lw["wq"], lw["bq"]).view(self.Hq, self.D)  # (Hq, D)
             k = F.linear(h, lw["wk"], lw["bk"]).view(self.Hkv, self.D)  # (Hkv, D)
             v = F.linear(h, lw["wv"], lw["bv"]).view(self.Hkv, self.D)
             q, k = self._rope(q, pos), self._rope(k, pos)
+            if history is not None:
+                history[li].append((pos, q.clone()))
             out = torch.zeros(self.Hq, self.D, dtype=self.dtype)
             for g in range(self.Hkv):
                 pairs = heads[g]
@@ -176,7 +196,79 @@ class ReferenceModel:
         return F.linear(x, self.lm_head)  # (V,)
 
 
+M31 = 0x7FFFFFFF
+
+
+def _mix(x: int) -> int:
+    x ^= x >> 15
+    x = (x * 0x2C1B3C6D) & M31
+    x ^= x >> 12
+    x = (x * 0x297A2D39) & M31
+    return x ^ (x >> 15)
+
+
+def random_score(seed: int, layer: int, head: int, last: int, pos: int) -> int:
+    """The random rule's draw for one pair (an integer, so ties are exact)."""
+    x = _mix(seed & M31)
+    for v in (layer, head, last, pos):
+        x = _mix((x + v) & M31)
+    return x >> 7
+
+
+def snapkv_scores(ref: ReferenceModel, pairs_per_head: list[list[Pair]], history, spec: Spec) -> list[list[float]]:
+    """SnapKV's score of every pair of one layer, per KV head (lists in position order)."""
+    window = history[-spec.window :]
+    out = []
+    for g, pairs in enumerate(pairs_per_head):
+        per_q_head = []
+        for j in range(ref.G):
+            hq = g * ref.G + j
+            acc = [0.0] * len(pairs)
+            for qpos, q in window:
+                seen = [i for i, pr in enumerate(pairs) if pr.pos <= qpos]
+                if not seen:
+                    continue
+                logit = torch.stack([pairs[i].k @ q[hq] for i in seen]) * ref.scale
+                w = torch.softmax(logit, dim=0).tolist()
+                for i, wi in zip(seen, w, strict=True):
+                    acc[i] += wi
+            half, n = spec.kernel // 2, len(acc)
+            pooled = []
+            for i in range(n):
+                hood = [acc[c] if 0 <= c < n else 0.0 for c in range(i - half, i + half + 1)]  # zero padding
+                pooled.append(max(hood) if spec.pooling == "max" else sum(hood) / spec.kernel)
+            per_q_head.append(pooled)
+        out.append([sum(v[i] for v in per_q_head) / ref.G for i in range(len(pairs))])
+    return out
+
+
+def layer_scores(ref, layer: int, heads: list[list[Pair]], spec: Spec, last: int, history) -> list[list[float]]:
+    """The score of every pair of one layer, per KV head, under `spec.rule` (higher = keep)."""
+    rule = spec.rule
+    if rule == "snapkv":
+        return snapkv_scores(ref, heads, history[layer], spec)
+    if rule == "last_layer":  # every head holds the same positions: average the heads' rows per position
+        positions = [pr.pos for pr in heads[0]]
+        assert all([pr.pos for pr in pairs] == positions for pairs in heads), "heads hold different positions"
+        mean = [sum(pairs[i].last_w for pairs in heads) / len(heads) for i in range(len(positions))]
+        return [list(mean) for _ in heads]
+    if rule == "keydiff":
+        out = []
+        for pairs in heads:
+            unit = [pr.k / pr.k.norm() for pr in pairs]
+            anchor = torch.stack(unit).mean(0)
+            out.append([-float((u @ anchor / anchor.norm()).float()) for u in unit])  # float32, like knorm
+        return out
+    if rule == "random":
+        return [[random_score(spec.seed, layer, g, last, pr.pos) for pr in pairs] for g, pairs in enumerate(heads)]
+    return [[_score(pr, rule, last) for pr in pairs] for pairs in heads]
+
+
 def _score(pr: Pair, rule: str, last: int) -> float:
+    if rule == "newest":
+        return pr.pos
+    if rule == "knorm":  # float32 like the engine's scores: equal tokens give equal norms, a tie
+        return -float(pr.k.norm().float())
     if rule == "average":
         return pr.sum_w / (last + 1 - pr.pos)  # queries that could attend the pair, its own included
     if rule == "sum":
@@ -186,17 +278,19 @@ def _score(pr: Pair, rule: str, last: int) -> float:
     raise ValueError(rule)
 
 
-def evict(cache, spec: Spec, keep: int, last: int) -> None:
+def evict(cache, spec: Spec, keep: int, last: int, ref=None, history=None) -> None:
     """Per (layer, KV head): drop the lowest-scored unprotected pairs until `keep` remain."""
-    for heads in cache:
+    for layer, heads in enumerate(cache):
+        scores = layer_scores(ref, layer, heads, spec, last, history)
         for g, pairs in enumerate(heads):
+            score = {id(pr): sc for pr, sc in zip(pairs, scores[g], strict=True)}
             drop = len(pairs) - keep
             assert drop > 0, (len(pairs), keep)
             protected = lambda pr: pr.pos < spec.protect_first or pr.pos > last - spec.protect_recent  # noqa: E731
             candidates = [pr for pr in pairs if not protected(pr)]
             assert len(candidates) >= drop, "protections leave too few pairs to evict"
             # lowest score first; on equal scores the older pair (smaller position) goes first
-            victims = sorted(candidates, key=lambda pr: (_score(pr, spec.rule, last), pr.pos))[:drop]
+            victims = sorted(candidates, key=lambda pr: (score[id(pr)], pr.pos))[:drop]  # noqa: B023
             gone = {id(pr) for pr in victims}
             heads[g] = [pr for pr in pairs if id(pr) not in gone]
 
@@ -208,18 +302,19 @@ def kept(cache) -> list[list[list[int]]]:
 def generate(ref: ReferenceModel, prompt: list[int], max_new: int, spec: Spec | None) -> Trace:
     """Greedy generation of `max_new` tokens (EOS ignored) under `spec` (None: full cache)."""
     cache = ref.new_cache()
+    history = ref.new_history()
     trace = Trace(tokens=[])
     size = lambda: len(cache[0][0])  # noqa: E731  every head holds the same count
 
     def process(tokens: list[int], start: int) -> torch.Tensor:
         logits = None
         for i, tok in enumerate(tokens):
-            logits = ref.step(tok, start + i, cache)
+            logits = ref.step(tok, start + i, cache, history)
             trace.peak = max(trace.peak, max(len(p) for heads in cache for p in heads))
         return logits
 
     def do_evict(keep: int, processed: int) -> None:
-        evict(cache, spec, keep, processed - 1)
+        evict(cache, spec, keep, processed - 1, ref, history)
         trace.evictions.append((processed, kept(cache)))
 
     s = len(prompt)

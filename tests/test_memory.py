@@ -19,7 +19,7 @@ from kvbench.attention import kv_attention
 from kvbench.cache import KVCache
 from kvbench.config import CONF_DIR, build_task
 from kvbench.engine import generate_batch
-from kvbench.policies import H2O, BatchMax, ExtremeDecode, Full, Window
+from kvbench.policies import H2O, TOVA, BatchMax, ExtremeDecode, Full, KeyDiff, Knorm, Random, SnapKV, Window
 from kvbench.results import read_records
 from tests.conftest import random_prompts
 
@@ -62,10 +62,14 @@ def _compose(*overrides):
 # ------------------------------------------------------------------------------------- the account
 @pytest.mark.parametrize("track", [False, True])
 @pytest.mark.parametrize("batch,layers,capacity", [(1, 1, 1), (3, 2, 17), (5, 30, 256)])
-def test_cache_bytes_are_the_allocation(batch, layers, capacity, track):
-    geo = dict(batch_size=batch, num_kv_heads=3, head_dim=8, capacity=capacity, dtype=torch.float16)
+@pytest.mark.parametrize("window", [0, 5])
+def test_cache_bytes_are_the_allocation(batch, layers, capacity, track, window):
+    geo = dict(batch_size=batch, num_kv_heads=3, head_dim=8, capacity=capacity, dtype=torch.float16, num_q_heads=9,
+               query_window=window)  # window: the queries SnapKV's score needs
     cache = KVCache(**geo, layer_devices=["cpu"] * layers, track_attention=track)
     assert KVCache.nbytes_for(**geo, num_layers=layers, track_attention=track) == cache.allocated_bytes()
+    assert (cache.allocated_bytes() > KVCache.nbytes_for(**{**geo, "query_window": 0}, num_layers=layers,
+                                                          track_attention=track)) == (window > 0)
 
 
 CASES = [  # (policy, prompt lengths, prefill_chunk): full and chunked prefill, P&D, decode-only, scored
@@ -76,6 +80,14 @@ CASES = [  # (policy, prompt lengths, prefill_chunk): full and chunked prefill, 
     (Window(kv_size=32, evict_every=8), (90, 70, 40), None),
     (ExtremeDecode(kv_size=2), (90, 70, 40), None),
     (H2O(kv_size=24), (90, 70), None),
+    (Knorm(kv_size=32, evict_every=8), (90, 70, 40), None),
+    (KeyDiff(kv_size=32, evict_every=8, schedule="prefill_and_decode"), (90, 70, 40), None),
+    (Random(kv_size=32, evict_every=8), (90, 70), None),
+    (SnapKV(kv_size=32, evict_every=8, window=8), (90, 70, 40), None),
+    (SnapKV(kv_size=32, evict_every=8, window=16, protect_recent=4, schedule="prefill_and_decode"), (90, 70, 40), 8),
+    (TOVA(kv_size=24), (90, 70), None),
+    (BatchMax(kv_size=32, evict_every=8, rerotate=True), (90, 70, 40), None),
+    (SnapKV(kv_size=32, evict_every=8, window=8, rerotate=True), (90, 70, 40), None),
 ]
 
 

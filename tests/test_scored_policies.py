@@ -23,14 +23,15 @@ from tests.conftest import _tiny, hf_greedy, random_prompts
 PROMPTS = random_prompts((70, 24, 45, 13), seed=7)  # kv_size 32: two longer, two shorter
 NEW = 24  # 13 + 24 > 32: even the shortest prompt evicts while decoding
 
-RULE = {"batch_max": "average", "h2o": "sum", "tova": "last"}
+RULE = {"batch_max": "average", "h2o": "sum", "knorm": "knorm", "keydiff": "keydiff", "random": "random",
+        "snapkv": "snapkv", "streaming_llm": "newest", "window": "newest"}
 
 POLICIES = [
     BatchMax(kv_size=32, evict_every=8),
     BatchMax(kv_size=32, evict_every=8, schedule="decode_only"),
     H2O(kv_size=32),  # decode_only, p = 1, protect_recent = 16
     H2O(kv_size=32, evict_every=4, schedule="prefill_and_decode"),
-    TOVA(kv_size=32),
+    TOVA(kv_size=32, per_kv_head=True),  # kvbench's earlier per-KV-head variant: heads differ
     TOVA(kv_size=24, evict_every=3, schedule="prefill_and_decode"),
     BatchMax(kv_size=32, evict_every=8, protect_first=3, protect_recent=5),
     H2O(kv_size=28, evict_every=2, protect_first=2, protect_recent=6, schedule="prefill_and_decode"),
@@ -39,17 +40,28 @@ POLICIES = [
 
 
 def pid(p) -> str:
-    return f"{p.name}-{p.schedule}-kv{p.kv_size}-p{p.evict_every}-f{p.protect_first}-r{p.protect_recent}"
+    tag = "-per_kv_head" if getattr(p, "per_kv_head", False) else ""
+    return f"{p.name}{tag}-{p.schedule}-kv{p.kv_size}-p{p.evict_every}-f{p.protect_first}-r{p.protect_recent}"
+
+
+def rule_of(policy) -> str:
+    if policy.name == "tova":  # published TOVA averages every query head of the layer
+        return "last" if policy.per_kv_head else "last_layer"
+    return RULE[policy.name]
 
 
 def spec_of(policy) -> R.Spec:
     return R.Spec(
-        rule=RULE[policy.name],
+        rule=rule_of(policy),
         kv_size=policy.kv_size,
         evict_every=policy.evict_every,
         schedule=policy.schedule,
         protect_first=policy.protect_first,
         protect_recent=policy.protect_recent,
+        seed=getattr(policy, "seed", 0),
+        window=getattr(policy, "window", 0),
+        kernel=getattr(policy, "kernel", 7),
+        pooling=getattr(policy, "pooling", "max"),
     )
 
 

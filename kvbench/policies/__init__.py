@@ -5,10 +5,16 @@ from kvbench.policies.batch_max import BatchMax
 from kvbench.policies.extreme_decode import ExtremeDecode
 from kvbench.policies.full import Full
 from kvbench.policies.h2o import H2O
+from kvbench.policies.keydiff import KeyDiff
+from kvbench.policies.knorm import Knorm
+from kvbench.policies.random import Random
+from kvbench.policies.snapkv import SnapKV
+from kvbench.policies.streaming_llm import StreamingLLM
 from kvbench.policies.tova import TOVA
 from kvbench.policies.window import Window
 
-__all__ = ["SCHEDULES", "Policy", "ScoreStats", "Full", "Window", "ExtremeDecode", "BatchMax", "H2O", "TOVA", "registry"]
+__all__ = ["SCHEDULES", "Policy", "ScoreStats", "Full", "Window", "ExtremeDecode", "BatchMax", "H2O", "TOVA",
+           "Knorm", "KeyDiff", "Random", "SnapKV", "StreamingLLM", "registry"]
 
 
 def registry() -> dict[str, type[Policy]]:

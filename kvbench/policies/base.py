@@ -5,10 +5,11 @@ pairs (higher = keep). Everything mechanical (when to evict, top-k, gathering ke
 position order, protected pairs) lives once in `kvbench.cache.KVCache.evict` and `kvbench.engine`.
 
 Phase flags instead of type checks: the engine asks `evicts_in_prefill` / `evicts_in_decode`,
-`needs_attention` (collect attention statistics while running) and `capacity(...)` (how many
-slots to preallocate), never `isinstance`. `keeps_newest` says the order of the pairs is known
-without scores (the score is the position): the cache then keeps the `protect_first` sinks and the
-newest pairs by slicing, with no score, sort or gather.
+`needs_attention` (collect attention statistics while running), `needs_keys` (the cached keys in
+the score statistics), `query_window` (how many of the newest queries the cache keeps for the score,
+0: none) and `capacity(...)` (how many slots to preallocate), never `isinstance`. `keeps_newest`
+says the order of the pairs is known without scores (the score is the position): the cache then
+keeps the `protect_first` sinks and the newest pairs by slicing, with no score, sort or gather.
 """
 
 from __future__ import annotations
@@ -32,12 +33,38 @@ class ScoreStats:
             averaged over the query heads of a KV group; None unless `needs_attention`
     last_w: the weights the newest query gave (float32); None unless `needs_attention`
     last:   (1, B, 1, 1) last position processed so far, per sample
+    n:      (1, B, 1, 1) pairs held per sample (slots >= n are empty)
+    layers: (L, 1, 1, 1) absolute index of each layer (a cache may split layers over devices)
+
+    Extensions (filled only for the policies that ask, so the others pay nothing):
+    keys:    (L, B, H_kv, N, D) the cached keys, as stored (RoPE applied); when `needs_keys`
+    queries: (L, B, H_q, W, D) the newest W = `query_window` queries processed, RoPE applied, oldest
+             first, whatever forwards they came from; when `query_window` > 0
+    query_pos: (1, B, 1, W) their source positions, -1 for an empty entry (fewer than W processed)
+    scale:   the attention's softmax scale (the model's, usually D ** -0.5)
     """
 
     pos: torch.Tensor
     last: torch.Tensor
     sum_w: torch.Tensor | None = None
     last_w: torch.Tensor | None = None
+    n: torch.Tensor | None = None
+    layers: torch.Tensor | None = None
+    keys: torch.Tensor | None = None
+    queries: torch.Tensor | None = None
+    query_pos: torch.Tensor | None = None
+    scale: float | None = None
+
+
+def once_after_prefill(policy: Policy) -> list[str]:
+    """Departures of a policy published as a one-off compression of the prompt after prefill
+    (SnapKV, Knorm, KeyDiff, random as in kvpress) under kvbench's schedules."""
+    if not policy.evicts:
+        return []
+    if policy.schedule == "prefill_and_decode":
+        return ["evicts during prefill, block by block (published: once, after the whole prompt)",
+                f"evicts {policy.evict_every} pairs whenever the cache is full while decoding (published: never)"]
+    return [f"evicts {policy.evict_every} pairs whenever the cache is full while decoding (published: never)"]
 
 
 def _is_int(x) -> bool:
@@ -53,12 +80,19 @@ class Policy:
     schedule: str = "prefill_and_decode"
     protect_first: int = 0
     protect_recent: int = 0
+    rerotate: bool = False  # re-rotate kept keys to contiguous positions (Llama-style RoPE)
 
     name: ClassVar[str] = "base"
     needs_attention: ClassVar[bool] = False
     # True: `score` is the position (newer = keep), so an eviction keeps the protect_first sinks and the
     # newest pairs; KVCache.evict slices them into place instead of scoring, sorting and gathering
     keeps_newest: ClassVar[bool] = False
+    needs_keys: ClassVar[bool] = False
+
+    @property
+    def query_window(self) -> int:
+        """How many of the newest queries the cache must keep for `score` (0: none)."""
+        return 0
 
     def __post_init__(self):
         self.validate()
@@ -72,6 +106,8 @@ class Policy:
             raise ConfigError(f"{p}.evict_every", "must be a positive integer", self.evict_every)
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"{p}.schedule", f"must be one of {', '.join(SCHEDULES)}", self.schedule)
+        if not isinstance(self.rerotate, bool):
+            raise ConfigError(f"{p}.rerotate", "must be true or false", self.rerotate)
         for key in ("protect_first", "protect_recent"):
             v = getattr(self, key)
             if not _is_int(v) or v < 0:
@@ -125,6 +161,11 @@ class Policy:
         """Higher = keep. Shape (L, B, H_kv, N) like the stats."""
         raise NotImplementedError(f"policy {self.name} does not score pairs")
 
+    def score_bytes(self, *, layers: int, rows: int, kv_heads: int, q_heads: int, pairs: int, head_dim: int,
+                    elem: int) -> int:
+        """Transient bytes `score` allocates beyond its (L, B, H_kv, N) result (kvbench.memory's account)."""
+        return 0
+
     # ----------------------------------------------------------------- reporting
     def describe(self) -> dict:
         """Hyper-parameters and the ways this run departs from the paper's setting."""
@@ -134,5 +175,7 @@ class Policy:
             ext.append(f"protect_first={self.protect_first}")
         if self.protect_recent:
             ext.append(f"protect_recent={self.protect_recent}")
+        if self.rerotate and self.evicts:
+            ext.append("rerotate: kept keys re-rotated to contiguous positions, new tokens continue from the kept count")
         d["extensions"] = ext
         return d

@@ -1,5 +1,11 @@
-"""TOVA: keep the pairs the newest query attends to most (score = its attention row, averaged over
-the query heads of a KV group). Decoding-only by default, one pair per step.
+"""TOVA (Oren et al., 2024): keep the pairs the newest query attends to most. Decoding-only by
+default, one pair per step.
+
+Published rule (the default): the newest query's attention averaged over ALL query heads of the
+layer, so every KV head of a layer gets the same scores and evicts the same positions (all heads of a
+sample then hold the same positions at every slot, which is what makes the per-slot mean over heads
+a per-position mean). `per_kv_head=true`: kvbench's earlier variant, each KV head ranked by the mean
+over its own GQA group (heads evict different positions), listed in `extensions`.
 """
 
 from dataclasses import dataclass
@@ -15,8 +21,23 @@ class TOVA(Policy):
     kv_size: int | None = 256
     evict_every: int = 1
     schedule: str = "decode_only"
+    per_kv_head: bool = False
     name: ClassVar[str] = "tova"
     needs_attention: ClassVar[bool] = True
 
     def score(self, stats: ScoreStats) -> torch.Tensor:
-        return stats.last_w
+        if self.per_kv_head:
+            return stats.last_w  # (L, B, H, N): each KV head its own group's mean
+        # the mean over KV heads of the group means = the mean over all query heads (equal groups)
+        return stats.last_w.mean(dim=2, keepdim=True).expand_as(stats.last_w)
+
+    def describe(self) -> dict:
+        d = super().describe()
+        if self.per_kv_head:
+            d["extensions"].append("per_kv_head: scores per KV head (GQA group mean), heads evict different "
+                                   "positions (published TOVA averages all heads of a layer)")
+        if self.evicts and self.evict_every > 1:
+            d["extensions"].append(f"evict_every={self.evict_every} (published: one pair per token)")
+        if self.evicts_in_prefill:
+            d["extensions"].append("evicts during prefill (published: decoding only)")
+        return d

@@ -1,0 +1,43 @@
+"""KeyDiff: keep the keys least similar to the head's mean key (Park et al., 2025).
+
+Per (layer, KV head, sample): anchor = mean of the unit-normalised keys held; score = minus the
+cosine similarity of each key to the anchor (distinct keys are kept). Attention-free (`needs_keys`);
+the anchor is taken over the pairs held at the eviction (the whole prompt at decode_only's first
+compression, like kvpress's KeyDiffPress; the kv_size pairs held under prefill_and_decode).
+"""
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from kvbench.policies.base import Policy, ScoreStats, once_after_prefill
+
+
+@dataclass
+class KeyDiff(Policy):
+    kv_size: int | None = 256
+    evict_every: int = 64
+    schedule: str = "decode_only"
+    name: ClassVar[str] = "keydiff"
+    needs_keys: ClassVar[bool] = True
+
+    def score(self, stats: ScoreStats) -> torch.Tensor:
+        k = stats.keys  # (L, B, H, N, D), a strided view of the cache
+        N = k.shape[3]
+        norm = torch.linalg.vector_norm(k.float(), dim=-1).clamp_min(1e-12)  # (L, B, H, N)
+        valid = torch.arange(N, device=k.device) < stats.n  # (1, B, 1, N): slots >= n are empty
+        w = (valid / norm / valid.sum(-1, keepdim=True)).to(k.dtype)  # mean of the unit keys, as weights
+        anchor = (w.unsqueeze(-2) @ k).float()  # (L, B, H, 1, D)
+        cos = (k @ anchor.to(k.dtype).transpose(-1, -2)).squeeze(-1).float()  # (L, B, H, N)
+        cos = cos / (norm * torch.linalg.vector_norm(anchor, dim=-1).clamp_min(1e-12))
+        return -cos
+
+    def score_bytes(self, *, layers, rows, kv_heads, q_heads, pairs, head_dim, elem) -> int:
+        half = layers * rows * kv_heads * pairs * head_dim * 4 if elem != 4 else 0  # float32 copy for the norm
+        return half + 4 * layers * rows * kv_heads * pairs * 4  # norm, weights, cosine, its quotient
+
+    def describe(self) -> dict:
+        d = super().describe()
+        d["extensions"] += once_after_prefill(self)
+        return d

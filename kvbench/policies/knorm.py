@@ -1,0 +1,35 @@
+"""Knorm: keep the pairs whose keys have the LOWEST L2 norm (Devoto et al., 2024: a low key norm goes
+with a high attention weight). Attention-free: it reads the cached keys only (`needs_keys`).
+
+RoPE rotates pairs of dimensions, so a stored (rotated) key has its pre-RoPE norm: re-rotation and
+positions change nothing. Published as a one-off compression after prefill (kvpress's KnormPress);
+under kvbench's schedules it also evicts while decoding, and under prefill_and_decode during prefill
+(both listed in `extensions`).
+"""
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from kvbench.policies.base import Policy, ScoreStats, once_after_prefill
+
+
+@dataclass
+class Knorm(Policy):
+    kv_size: int | None = 256
+    evict_every: int = 64
+    schedule: str = "decode_only"
+    name: ClassVar[str] = "knorm"
+    needs_keys: ClassVar[bool] = True
+
+    def score(self, stats: ScoreStats) -> torch.Tensor:
+        return -torch.linalg.vector_norm(stats.keys.float(), dim=-1)  # (L, B, H, N): low norm = keep
+
+    def score_bytes(self, *, layers, rows, kv_heads, q_heads, pairs, head_dim, elem) -> int:
+        return layers * rows * kv_heads * pairs * head_dim * 4 if elem != 4 else 0  # the float32 copy of half keys
+
+    def describe(self) -> dict:
+        d = super().describe()
+        d["extensions"] += once_after_prefill(self)
+        return d

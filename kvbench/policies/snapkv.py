@@ -1,0 +1,109 @@
+"""SnapKV (Li et al., 2024): keep the pairs the last `window` queries (the observation window) attend
+to most, their attention summed over the window and pooled over neighbouring pairs.
+
+score[i] = GQA group mean over query heads of pool_k( sum over window queries q of softmax_q(i) )
+
+where softmax_q is query q's attention over the pairs held at the eviction that it may see
+(position <= its own), pool_k a max (default) or average pooling of width `kernel` (7) over
+neighbouring slots (slots are in position order), and the window's own pairs (the last `window`
+positions) are always kept (`protect_recent` defaults to `window`, as published).
+
+What the window is: the newest `window` queries processed before the eviction, whatever forwards
+they came from (the cache keeps them: `query_window`). Under decode_only at the first compression
+these are the prompt's last `window` queries attending over the whole prompt: the published method.
+Under prefill_and_decode at a block boundary they are the last `window` prompt positions processed so
+far (the tail of the block just processed, reaching into earlier blocks when p < window), and their
+attention is recomputed over the pairs held now (kv_size of them, not the whole prefix: a departure,
+in `extensions`); while decoding they are the newest generated tokens (and prompt tail).
+
+With `rerotate=true` the kept queries are rotated by the slot shift of the newest pairs (their own
+pairs when the window is protected, the default), so they stay at their own pairs' positions.
+
+Computed `LAYER_CHUNK` layers at a time: the logits of a chunk are (l, B, H_q, W, N) float32.
+"""
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from kvbench.errors import ConfigError
+from kvbench.policies.base import Policy, ScoreStats, _is_int, once_after_prefill
+
+POOLINGS = ("max", "avg")
+LAYER_CHUNK = 4
+
+
+@dataclass
+class SnapKV(Policy):
+    kv_size: int | None = 256
+    evict_every: int = 64
+    schedule: str = "decode_only"
+    protect_recent: int | None = None  # None: window (the observation window is kept, as published)
+    window: int = 32
+    kernel: int = 7
+    pooling: str = "max"
+    name: ClassVar[str] = "snapkv"
+    needs_keys: ClassVar[bool] = True
+
+    @property
+    def query_window(self) -> int:
+        return self.window
+
+    def validate(self) -> None:
+        if not _is_int(self.window) or self.window <= 0:
+            raise ConfigError("policy.window", "must be a positive integer", self.window)
+        if not _is_int(self.kernel) or self.kernel <= 0 or self.kernel % 2 == 0:
+            raise ConfigError("policy.kernel", "must be a positive odd integer", self.kernel)
+        if self.pooling not in POOLINGS:
+            raise ConfigError("policy.pooling", f"must be one of {', '.join(POOLINGS)}", self.pooling)
+        if self.protect_recent is None:
+            self.protect_recent = self.window
+        super().validate()
+
+    def score(self, stats: ScoreStats) -> torch.Tensor:
+        keys, queries = stats.keys, stats.queries  # (L, B, H, N, D), (L, B, Hq, W, D)
+        L, B, H, N, D = keys.shape
+        Hq, W = queries.shape[2], queries.shape[3]
+        G = Hq // H
+        scale = stats.scale if stats.scale is not None else D**-0.5
+        qpos = stats.query_pos[:, :, :, None, :, None]  # (1, B, 1, 1, W, 1)
+        qreal = qpos >= 0  # fewer than W queries processed: empty entries give no weight
+        slot_ok = (torch.arange(N, device=keys.device) < stats.n)[:, :, :, None, None, :]  # (1, B, 1, 1, 1, N)
+        out = torch.empty(L, B, H, N, dtype=torch.float32, device=keys.device)
+        for l0 in range(0, L, LAYER_CHUNK):
+            l1 = min(L, l0 + LAYER_CHUNK)
+            q = queries[l0:l1].reshape(l1 - l0, B, H, G * W, D)  # heads of a group adjacent
+            s = (q @ keys[l0:l1].transpose(-1, -2)).float().view(l1 - l0, B, H, G, W, N) * scale
+            hide = (stats.pos[l0:l1, :, :, None, None, :] > qpos) | ~slot_ok  # causal, held slots only
+            s.masked_fill_(hide, float("-inf"))
+            del hide
+            w = torch.softmax(s, dim=-1).nan_to_num_(0.0)  # a query that sees no pair gives nothing
+            del s
+            w = w.mul_(qreal).sum(dim=4)  # (l, B, H, G, N): summed over the window
+            flat = w.reshape(-1, 1, N)
+            pad = self.kernel // 2
+            if self.pooling == "max":
+                flat = F.max_pool1d(flat, self.kernel, stride=1, padding=pad)
+            else:
+                flat = F.avg_pool1d(flat, self.kernel, stride=1, padding=pad)  # zero padding counted, as published
+            out[l0:l1] = flat.view(l1 - l0, B, H, G, N).mean(dim=3)  # GQA: group mean
+        return out
+
+    def score_bytes(self, *, layers, rows, kv_heads, q_heads, pairs, head_dim, elem) -> int:
+        lc = min(LAYER_CHUNK, layers)
+        per = max(8, 4 + elem if elem != 4 else 4)  # float32 logits + their model-dtype source, or + the weights
+        logits = lc * rows * q_heads * self.window * pairs * per
+        return logits + 2 * lc * rows * kv_heads * self.window * pairs + 3 * lc * rows * q_heads * pairs * 4
+
+    def describe(self) -> dict:
+        d = super().describe()
+        ext = [e for e in d["extensions"] if e != f"protect_recent={self.window}"]  # its own window
+        ext += once_after_prefill(self)
+        if self.evicts_in_prefill:
+            ext.append(f"prefill: the last {self.window} queries before each block attend over the {self.kv_size} "
+                       "pairs held (published: over the whole prompt)")
+        ext.append("GQA models: pooled per query head, then averaged over the query heads of a KV group")
+        d["extensions"] = ext
+        return d

@@ -1,0 +1,29 @@
+"""StreamingLLM (Xiao et al., 2024): a sliding window plus 4 attention-sink pairs (the first positions).
+
+A named `window` so records read as StreamingLLM. Published: one pair per token, positions re-indexed
+inside the cache (policy.rerotate=true does that); departures are listed in `extensions`.
+"""
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from kvbench.policies.window import Window
+
+
+@dataclass
+class StreamingLLM(Window):
+    kv_size: int | None = 256
+    evict_every: int = 64
+    protect_first: int = 4
+    name: ClassVar[str] = "streaming_llm"
+
+    def describe(self) -> dict:
+        d = super().describe()
+        # its own sinks, and re-rotation is what StreamingLLM publishes
+        ext = [e for e in d["extensions"] if e != "protect_first=4" and not e.startswith("rerotate:")]
+        if self.evict_every > 1:
+            ext.append(f"evict_every={self.evict_every} (published: one pair per token)")
+        if not self.rerotate:
+            ext.append("source positions kept (published re-indexes positions in the cache: policy.rerotate=true)")
+        d["extensions"] = ext
+        return d
