@@ -281,8 +281,12 @@ def device_kind(device: str) -> str:
 def _identity_of(container: dict, kind: str) -> dict:
     c = {k: v for k, v in container.items() if k not in NON_IDENTITY}
     c["device"] = kind  # resolved: a GPU sweep never matches what a CPU run recorded (nor the reverse)
-    if not c.get("memory", {}).get("reserve_gb"):  # added later: records made before it keep their identity
-        c.get("memory", {}).pop("reserve_gb", None)
+    # keys added later, at their neutral value, are left out: records made before them keep their identity
+    # (copies: a stored record's config is never changed)
+    if isinstance(c.get("memory"), dict) and not c["memory"].get("reserve_gb"):
+        c["memory"] = {k: v for k, v in c["memory"].items() if k != "reserve_gb"}
+    if isinstance(c.get("policy"), dict) and not c["policy"].get("rerotate"):
+        c["policy"] = {k: v for k, v in c["policy"].items() if k != "rerotate"}
     if c.get("mode") != "serve":  # serve.* only matters to mode=serve (older runs keep their hash)
         c.pop("serve", None)
     return c

@@ -47,7 +47,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from kvbench import compare
-from kvbench.config import CONF_DIR, ReproduceConfig
+from kvbench.config import CONF_DIR, ReproduceConfig, record_hash
 from kvbench.results import read_records
 
 METHODS = {"extreme_decode": "ED", "full": "FKV", "batch_max": "BM", "window": "Window", "h2o": "H2O", "tova": "TOVA"}
@@ -113,7 +113,8 @@ def latest(records: list[dict]) -> list[dict]:
     by_hash: dict[str, dict] = {}
     for i, r in enumerate(records):
         if r.get("status") in ("ok", "oom") and r.get("mode") != "plan":  # a plan (kvbench-plan) is no run
-            by_hash[r.get("config_hash") or f"#{i}"] = r
+            # the identity recomputed from the record (older records hashed device=auto as "auto")
+            by_hash[record_hash(r) or r.get("config_hash") or f"#{i}"] = r
     return list(by_hash.values())
 
 
