@@ -41,6 +41,7 @@ from typing import ClassVar
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.models.llama.modeling_llama import rotate_half
 
 from kvbench.policies.base import Policy, ScoreStats
 from kvbench.timing import SectionTimer
@@ -445,8 +446,7 @@ class KVCache(Cache):
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos().to(k.dtype), emb.sin().to(k.dtype)
         kr = k[..., :R]
-        rotated = torch.cat((-kr[..., R // 2 :], kr[..., : R // 2]), dim=-1)  # rotate_half
-        out = (kr * cos).addcmul_(rotated, sin)
+        out = (kr * cos).addcmul_(rotate_half(kr), sin)  # transformers' own rotation (Llama and Phi-3 alike)
         return out if R == k.shape[-1] else torch.cat((out, k[..., R:]), dim=-1)
 
     def resize(self, capacity: int) -> None:

@@ -133,14 +133,19 @@ def _hydra_entry() -> None:
     app()
 
 
+def checked(check, argv: list[str], prog: str) -> None:
+    """Run a command's preflight `check(argv)`; any composition or validation error: one line, exit 2."""
+    try:
+        check(argv)
+    except Exception as e:
+        print(f"{prog}: error: {_message(e)}", file=sys.stderr)
+        sys.exit(2)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ["KVBENCH_LAUNCHER_PID"] = str(os.getpid())  # Hydra's run/sweep dirs are per process
-    try:
-        preflight(argv)
-    except Exception as e:  # every composition or validation error: one line, exit 2
-        print(f"kvbench: error: {_message(e)}", file=sys.stderr)
-        sys.exit(2)
+    checked(preflight, argv, "kvbench")
     sys.argv = [sys.argv[0], *argv]
     _hydra_entry()
 

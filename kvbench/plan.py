@@ -353,14 +353,10 @@ def preflight(argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from kvbench.cli import _message
+    from kvbench.cli import checked
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        preflight(argv)
-    except Exception as e:
-        print(f"kvbench-plan: error: {_message(e)}", file=sys.stderr)
-        sys.exit(2)
+    checked(preflight, argv, "kvbench-plan")
     import hydra
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")

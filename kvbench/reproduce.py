@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from kvbench.cli import _message, preflight
+from kvbench.cli import checked, preflight
 from kvbench.config import CONF_DIR, build_task
 
 
@@ -159,11 +159,7 @@ class Driver:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        preflight(argv)
-    except Exception as e:
-        print(f"kvbench-reproduce: error: {_message(e)}", file=sys.stderr)
-        sys.exit(2)
+    checked(preflight, argv, "kvbench-reproduce")
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="reproduce"):
         driver = Driver(argv)
         result = driver.protocol()

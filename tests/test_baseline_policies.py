@@ -16,7 +16,15 @@ from kvbench.policies import TOVA, KeyDiff, Knorm, Random, SnapKV, StreamingLLM
 from kvbench.policies.random import mix
 from tests import reference as R
 from tests.conftest import random_prompts
-from tests.test_scored_policies import NEW, PROMPTS, pid, reference, run_engine, spec_of
+from tests.test_scored_policies import (
+    NEW,
+    PROMPTS,
+    assert_engine_matches_reference,
+    pid,
+    reference,
+    run_engine,
+    spec_of,
+)
 
 BASELINES = [
     Knorm(kv_size=32, evict_every=8),  # decode_only
@@ -37,21 +45,7 @@ BASELINES = [
 @pytest.mark.parametrize("policy", BASELINES, ids=pid)
 @pytest.mark.parametrize("arch", ["llama", "phi3"])
 def test_baseline_matches_reference(arch, policy, batch_size, request):
-    lm = request.getfixturevalue(f"tiny_{arch}")
-    spec = spec_of(policy)
-    refs = [reference(arch, tuple(p), spec) for p in PROMPTS]
-    tokens, evictions, final, peak = run_engine(lm, PROMPTS, policy, batch_size)
-    for b, ref in enumerate(refs):
-        assert [s for s, _ in evictions[b]] == [s for s, _ in ref.evictions], f"sample {b}: eviction times"
-        for j, ((_, got), (seen, want)) in enumerate(zip(evictions[b], ref.evictions, strict=True)):
-            assert got == want, f"sample {b}, eviction {j} (after {seen} positions)"
-        assert final[b] == ref.final, f"sample {b}: final kept positions"
-        assert tokens[b] == ref.tokens, f"sample {b}: tokens"
-    if policy.schedule == "prefill_and_decode":
-        assert peak <= policy.kv_size == max(r.peak for r in refs)  # never more than the budget
-    else:
-        assert peak == max(map(len, PROMPTS))
-    assert all(ref.evictions for ref in refs)
+    assert_engine_matches_reference(request.getfixturevalue(f"tiny_{arch}"), arch, policy, batch_size)
 
 
 @pytest.mark.parametrize("chunk", [5, 3])
