@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -54,3 +55,17 @@ def hf_greedy(model, prompt, max_new_tokens, eos=None, pad=258):
         pad_token_id=pad,
     )
     return out[0, len(prompt) :].tolist()
+
+
+@pytest.fixture
+def no_gc(monkeypatch):
+    """The cyclic collector off and `gc.collect` a no-op for the test (restored after): a lifetime test
+    must see what reference counting alone frees, as a GPU's memory would."""
+    monkeypatch.setattr(gc, "collect", lambda *a, **k: 0)
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()

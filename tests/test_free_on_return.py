@@ -7,7 +7,6 @@ caches must be dead and `memory.memory_level` (which no longer collects) must no
 
 from __future__ import annotations
 
-import gc
 import weakref
 
 import pytest
@@ -19,19 +18,6 @@ from kvbench.cache import KVCache
 from kvbench.config import CONF_DIR
 from kvbench.policies import BatchMax, ExtremeDecode, Full, Window
 from tests.conftest import random_prompts
-
-
-@pytest.fixture
-def no_gc(monkeypatch):
-    """The cyclic collector off and `gc.collect` a no-op for the test (restored after)."""
-    monkeypatch.setattr(gc, "collect", lambda *a, **k: 0)
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 class CacheRefs:

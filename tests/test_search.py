@@ -125,7 +125,7 @@ def _oom_mid_forward(monkeypatch, from_batch: int, hold: list):
     monkeypatch.setattr(KVCache, "begin_forward", begin_or_oom)
 
 
-def test_oom_mid_forward_leaves_no_cache_behind(monkeypatch):
+def test_oom_mid_forward_leaves_no_cache_behind(monkeypatch, no_gc):
     cfg = _compose(*TINY)
     lm, policy = runner.load_model(cfg), runner.build_policy(cfg)
     ids = [list(range(40, 90)), list(range(10, 70))]
@@ -138,7 +138,7 @@ def test_oom_mid_forward_leaves_no_cache_behind(monkeypatch):
     assert lm.model.config._attn_implementation != "kvbench"  # the attention patch is undone
 
 
-def test_a_leak_is_reported(monkeypatch):
+def test_a_leak_is_reported(monkeypatch, no_gc):
     """The level check can fail: a cache something still holds after an oom trial, its tensors not given
     back (the engine's release skipped, as before it existed), is reported."""
     cfg = _compose(*TINY)
