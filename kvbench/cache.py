@@ -446,7 +446,8 @@ class KVCache(Cache):
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos().to(k.dtype), emb.sin().to(k.dtype)
         kr = k[..., :R]
-        out = (kr * cos).addcmul_(rotate_half(kr), sin)  # transformers' own rotation (Llama and Phi-3 alike)
+        rotated = rotate_half(kr)  # transformers' own; before `kr * cos`, so its temporaries never coexist with it
+        out = (kr * cos).addcmul_(rotated, sin)
         return out if R == k.shape[-1] else torch.cat((out, k[..., R:]), dim=-1)
 
     def resize(self, capacity: int) -> None:
