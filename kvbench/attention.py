@@ -265,7 +265,7 @@ def kvbench_attention(module, query, key, value, attention_mask, scaling=None, d
     cache = kwargs.get("kvbench_cache")
     if cache is None:  # called outside kvbench's engine: behave like SDPA
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-    step = cache.step_on(query.device)
+    step = cache.step_for(module.layer_idx)  # its group's write plan and mask (groups differ with per-layer budgets)
     backend, track = _state["backend"], cache.track_attention
     if cache.query_window:  # a policy scoring with the newest queries (SnapKV's observation window)
         cache.remember_queries(module.layer_idx, query, scaling)

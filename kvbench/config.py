@@ -229,6 +229,7 @@ def validate(cfg: DictConfig) -> None:
 
 def _validate_serve(cfg: DictConfig) -> None:
     """serve.* values (always), and how they fit the policy (mode=serve only)."""
+    from kvbench.policies.base import Policy
     from kvbench.serve.evict import BLOCK_SCORES, BlockRule
 
     s = cfg.serve
@@ -254,6 +255,10 @@ def _validate_serve(cfg: DictConfig) -> None:
         return  # the policy's own error is raised below, naming its override
     if not policy.evicts:
         return
+    if policy.kv_ratio is not None or type(policy).layer_budgets is not Policy.layer_budgets:
+        raise ConfigError("policy.kv_ratio" if policy.kv_ratio is not None else "policy",
+                          "mode=serve evicts by one kv_size per request (no per-prompt or per-layer budgets)",
+                          policy.kv_ratio if policy.kv_ratio is not None else policy.name)
     bs, kv = s.block_size, policy.kv_size
     if kv % bs:
         raise ConfigError("serve.block_size", f"must divide policy.kv_size={kv} (eviction is by whole blocks)", bs)
@@ -285,8 +290,9 @@ def _identity_of(container: dict, kind: str) -> dict:
     # (copies: a stored record's config is never changed)
     if isinstance(c.get("memory"), dict) and not c["memory"].get("reserve_gb"):
         c["memory"] = {k: v for k, v in c["memory"].items() if k != "reserve_gb"}
-    if isinstance(c.get("policy"), dict) and not c["policy"].get("rerotate"):
-        c["policy"] = {k: v for k, v in c["policy"].items() if k != "rerotate"}
+    if isinstance(c.get("policy"), dict):  # keys added later, at their defaults, change no identity
+        c["policy"] = {k: v for k, v in c["policy"].items()
+                       if not (k == "rerotate" and not v) and not (k == "kv_ratio" and v is None)}
     if c.get("mode") != "serve":  # serve.* only matters to mode=serve (older runs keep their hash)
         c.pop("serve", None)
     return c

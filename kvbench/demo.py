@@ -24,6 +24,7 @@ POLICIES = [
     ["policy=batch_max", "policy.kv_size=256"],
     ["policy=streaming_llm", "policy.kv_size=256"],
     ["policy=snapkv", "policy.kv_size=256"],
+    ["policy=pyramidkv", "policy.kv_size=256"],
     ["policy=knorm", "policy.kv_size=256"],
     ["policy=keydiff", "policy.kv_size=256"],
     ["policy=random", "policy.kv_size=256"],

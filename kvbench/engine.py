@@ -53,6 +53,9 @@ class GenerationOutput:
     batches: int = 0
     prompt_tokens: list[int] = field(default_factory=list)
     attention: str = ""  # the attention backend really used (kvbench.attention.resolve)
+    budget_min: int | None = None  # the smallest and largest budget of a (layer, sample) over the batches
+    budget_max: int | None = None
+    budget_per_layer: bool = False  # layers held different budgets (PyramidKV)
 
     @property
     def throughput_tok_s(self) -> float:
@@ -100,9 +103,11 @@ class _Batch:
         self.prompts = torch.full((B, s), pad_id, dtype=torch.long)
         for b, x in enumerate(ids):
             self.prompts[b, : len(x)] = torch.tensor(x, dtype=torch.long)
+        self.budgets = policy.budgets(self.lengths, len(geometry["layer_devices"]))  # (L, B) or None
         self.cache = KVCache(
             batch_size=B,
-            capacity=policy.capacity(s, max_new_tokens),
+            capacity=policy.capacities(self.lengths, max_new_tokens, self.budgets),
+            budgets=self.budgets,
             track_attention=policy.needs_attention,
             query_window=policy.query_window,
             rope_inv_freq=rope_inv_freq(model) if policy.rerotate and policy.evicts else None,
@@ -121,13 +126,19 @@ class _Batch:
 
 
 def _evict_if_needed(cache: KVCache, r: torch.Tensor, policy: Policy, prefill: bool, observer) -> None:
-    rows = rows_to_evict(cache.n, r, policy, prefill)
-    if rows is None:
+    """Evict, group by group of layers (one group unless budgets differ by layer), the rows that need it."""
+    if not policy.evicts:
+        return
+    plan = [(g, rows_to_evict(g.n, r, policy, prefill, g.budget)) for g in cache.groups]
+    plan = [(g, rows) for g, rows in plan if rows is not None]
+    if not plan:
         return
     with cache.timer("evict", cache.devices):
-        cache.evict(rows, policy.keep_after_evict, policy)
-        if not prefill and cache.capacity > policy.kv_size and int(cache.n.max()) < policy.kv_size:
-            cache.resize(policy.kv_size)  # decode_only: the prompt is compressed, give the memory back
+        for g, rows in plan:
+            cache.evict(rows, g.budget - policy.evict_every, policy, group=g)
+            most = int(g.budget.max())
+            if not prefill and g.capacity > most and int(g.n.max()) < most:
+                cache.resize(most, group=g)  # decode_only: the prompt is compressed, give the memory back
     if observer:
         observer("evict", cache)
 
@@ -189,7 +200,7 @@ def _run_batch(model, batch: _Batch, policy: Policy, max_new_tokens, eos_token_i
 
     _sync(dev_in)
     t0 = time.perf_counter()
-    plan = prefill_plan(batch.lengths, policy, prefill_chunk)
+    plan = prefill_plan(batch.lengths, policy, prefill_chunk, batch.budgets)
     for k, r in enumerate(plan):
         _evict_if_needed(cache, r, policy, True, observer)
         width = int(r.max())
@@ -293,6 +304,11 @@ def generate(
         )
         if out.accounted is None or acc.total > out.accounted.total:
             out.accounted = acc
+        k = policy.budgets([len(x) for x in batch], len(geometry["layer_devices"]))  # (L, B)
+        if k is not None:
+            out.budget_min = min(int(k.min()), out.budget_min or int(k.min()))
+            out.budget_max = max(int(k.max()), out.budget_max or 0)
+            out.budget_per_layer = out.budget_per_layer or bool((k != k[:1]).any())
         if budget is not None:
             budget.admit(acc)
         return generate_batch(

@@ -12,7 +12,8 @@ I MLP width, V vocabulary, Hq / H query / KV heads, D head dim, L layers on the 
 
     peak = weights + KV cache + the largest transient
     weights     parameters and buffers as loaded (exact)
-    KV cache    the preallocated cache, exact: `KVCache.nbytes_for` (K, V, positions, statistics)
+    KV cache    the preallocated cache, exact: `KVCache.nbytes_for` (K, V, positions, statistics), per
+                group of layers (`kvbench.cache.layout`: per-layer budgets give each layer its own capacity)
     transient   the largest of
       forward of T tokens over N keys (every forward of the batch, replayed on counts, EOS ignored):
           4·B·T·h·e hidden states (embeddings output, layer input, residual, normed input)
@@ -43,6 +44,9 @@ I MLP width, V vocabulary, Hq / H query / KV heads, D head dim, L layers on the 
           + the larger of (the scores, sort and gather above) and (the policy's own score computation,
           `Policy.score_bytes`, e.g. SnapKV's window logits, + its result)
       decode_only resize: the kv_size-slot cache, built while the prompt-sized one is alive
+Per-sample budgets (kv_ratio) and per-layer ones (PyramidKV) are replayed group by group: a forward's
+N is the largest group's, its masks are one per group (B·T·N_g each), an eviction of a group is charged
+with that group's layers, and keep is the largest kept count of its rows (the gather's width).
 Each device of a `device_map` split is charged the whole transient (an upper bound). Not counted:
 Python objects, allocator fragmentation and caching, the CUDA context.
 The terms follow the code paths kvbench runs (transformers' Llama / Phi-3 layers, kvbench's
@@ -58,7 +62,7 @@ from dataclasses import dataclass
 import torch
 
 from kvbench.attention import BACKENDS, resolve
-from kvbench.cache import KVCache
+from kvbench.cache import KVCache, layout
 from kvbench.errors import ConfigError, OutOfMemory
 from kvbench.schedule import prefill_plan, rows_to_evict
 
@@ -163,13 +167,14 @@ def _cpu_sdpa_workspace(T: int, N: int, D: int, e: int) -> int:
 
 def _forward_bytes(
     s: ModelShape, B: int, T: int, N: int, longest: int, scored: bool, logits: bool, chunk: int, cpu: bool,
-    attention: str = "sdpa",
+    attention: str = "sdpa", mask_keys: int | None = None,
 ) -> int:
-    """Transient bytes of one forward over a (B, T) chunk that attends to N keys."""
+    """Transient bytes of one forward over a (B, T) chunk that attends to N keys (`mask_keys`: the sum of
+    every group's N, one mask each; default N)."""
     e, h, D, Hq = s.elem, s.hidden, s.head_dim, s.q_heads
     q = B * T * Hq * D * e  # one query-sized tensor
     ids = B * (longest + ID_BUFFERS * T) * 8  # the padded prompts, the chunk's ids, slots, positions
-    base = ids + HIDDEN_BUFFERS * B * T * h * e + 2 * B * T * D * e + B * T * N
+    base = ids + HIDDEN_BUFFERS * B * T * h * e + 2 * B * T * D * e + B * T * (N if mask_keys is None else mask_keys)
     qkv = B * T * (Hq + 2 * s.kv_heads) * D * e if s.fused_qkv else 0
     phases = [s.mlp_buffers * B * T * s.intermediate * e, qkv + ROPE_BUFFERS * q]
     stats = 3 * B * s.kv_heads * N * max(4, e)  # w_sum, w_last and a reduction of them
@@ -226,24 +231,28 @@ def _cache_bytes(s: ModelShape, B: int, L: int, slots: int, policy) -> int:
     )
 
 
-def _walk(lengths: list[int], policy, max_new_tokens: int, prefill_chunk: int | None):
-    """Replay the engine's schedule on counts only (EOS ignored: the worst case).
+def _walk(lengths: list[int], policy, max_new_tokens: int, prefill_chunk: int | None, groups: list[tuple]):
+    """Replay the engine's schedule on counts only (EOS ignored: the worst case), group by group of layers.
 
-    Returns the forwards {(width T, keys N, makes logits)} and the evictions {(keys N, rows)}.
+    groups: `kvbench.cache.layout`'s list. Returns the forwards {(width T, each group's keys N, makes logits)}
+    and the evictions {(group index, keys N, rows, most kept)}.
     """
     B = len(lengths)
-    plan = prefill_plan(lengths, policy, prefill_chunk)
+    budgets = [row for _, _, _, row in groups]
+    plan = prefill_plan(lengths, policy, prefill_chunk, torch.stack(budgets) if policy.evicts else None)
     one = torch.ones(B, dtype=torch.long)
     steps = [(r, True, k == len(plan) - 1) for k, r in enumerate(plan)] + [(one, False, True)] * (max_new_tokens - 1)
-    n = torch.zeros(B, dtype=torch.long)  # pairs held per sample
+    ns = [torch.zeros(B, dtype=torch.long) for _ in groups]  # pairs held per sample, per group
     forwards, evictions = set(), set()
     for r, prefill, logits in steps:
-        rows = rows_to_evict(n, r, policy, prefill)
-        if rows is not None:
-            evictions.add((int(n[rows].max()), int(rows.sum())))
-            n = torch.where(rows, policy.keep_after_evict, n)
-        n = n + r
-        forwards.add((int(r.max()), int(n.max()), logits))
+        for gi, budget in enumerate(budgets):
+            rows = rows_to_evict(ns[gi], r, policy, prefill, budget)
+            if rows is not None:
+                keep = budget - policy.evict_every
+                evictions.add((gi, int(ns[gi][rows].max()), int(rows.sum()), int(keep[rows].max())))
+                ns[gi] = torch.where(rows, keep, ns[gi])
+        ns = [n + r for n in ns]
+        forwards.add((int(r.max()), tuple(int(n.max()) for n in ns), logits))
     return forwards, evictions
 
 
@@ -266,21 +275,30 @@ def account(
     if attention not in BACKENDS:
         raise ValueError(f"attention must be one of {', '.join(BACKENDS)}: {attention!r}")
     B, longest = len(lengths), max(lengths)
-    capacity = policy.capacity(longest, max_new_tokens)
+    layer_devices = [dev for dev, L in s.layers.items() for _ in range(L)]
+    budgets = policy.budgets(lengths, len(layer_devices))  # (L, B) or None
+    groups = layout(layer_devices, policy.capacities(lengths, max_new_tokens, budgets), budgets)
+    if budgets is None:  # the full cache: one row of "never" budgets
+        groups = [(d, ls, c, torch.full((B,), c, dtype=torch.long)) for d, ls, c, _ in groups]
     scored = policy.needs_attention
-    keep = policy.keep_after_evict if policy.evicts else 0
-    forwards, evictions = _walk(lengths, policy, max_new_tokens, prefill_chunk)
+    forwards, evictions = _walk(lengths, policy, max_new_tokens, prefill_chunk, groups)
     devices = {}
-    for dev, L in s.layers.items():
+    for dev in s.layers:
+        mine = [gi for gi, g in enumerate(groups) if str(g[0]) == dev]
         backend = resolve(attention, device_type=dev.split(":")[0], dtype=s.dtype, needs_attention=scored)
-        transients = [
-            _forward_bytes(s, B, T, N, longest, scored, logits, score_chunk, dev == "cpu", backend)
-            for T, N, logits in forwards
+        transients = [  # the device's layers attend over their groups' keys; one mask per group lives on
+            _forward_bytes(s, B, T, max(keys[gi] for gi in mine), longest, scored, logits, score_chunk, dev == "cpu",
+                           backend, mask_keys=sum(keys[gi] for gi in mine))
+            for T, keys, logits in forwards
         ]
-        transients += [_evict_bytes(s, L, B, N, rows, keep, policy) for N, rows in evictions]
-        if evictions and capacity > policy.kv_size:  # decode_only: the kv_size-slot copy of a resize
-            transients.append(_cache_bytes(s, B, L, policy.kv_size, policy))
-        kv = _cache_bytes(s, B, L, capacity, policy)
+        transients += [_evict_bytes(s, len(groups[gi][1]), B, N, rows, keep, policy)
+                       for gi, N, rows, keep in evictions if gi in mine]
+        for gi in mine:  # decode_only: the budget-sized copy of a resize, built while the prompt-sized one lives
+            _, layers, cap, row = groups[gi]
+            most = int(row.max())
+            if policy.evicts and cap > most and any(e[0] == gi for e in evictions):
+                transients.append(_cache_bytes(s, B, len(layers), most, policy))
+        kv = sum(_cache_bytes(s, B, len(groups[gi][1]), groups[gi][2], policy) for gi in mine)
         devices[dev] = Footprint(weights=s.weights.get(dev, 0), kv_cache=kv, transient=max(transients))
     for dev, w in s.weights.items():  # devices with weights but no decoder layer (e.g. the lm_head's)
         devices.setdefault(dev, Footprint(weights=w, kv_cache=0, transient=0))

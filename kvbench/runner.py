@@ -115,6 +115,8 @@ def new_record(cfg: DictConfig, policy, task) -> dict:
         "task": task.name,
         "policy": policy.name,
         "kv_size": policy.kv_size,
+        "kv_ratio": policy.kv_ratio,
+        "kv_budget": None,  # {"by": kv_size | kv_ratio, "min", "max", "per_layer"}: the budgets a (layer, sample) held
         "evict_every": policy.evict_every if policy.evicts else None,
         "schedule": policy.schedule if policy.evicts else None,
         "batch_size": cfg.batch_size,
@@ -237,6 +239,9 @@ def execute(
         attn_stats_s=out.attn_stats_s,
         generated_tokens=out.generated_tokens,
         peak_kv_bytes=out.peak_kv_bytes,
+        kv_budget=None if out.budget_min is None else {
+            "by": "kv_ratio" if policy.kv_ratio is not None else "kv_size",
+            "min": out.budget_min, "max": out.budget_max, "per_layer": out.budget_per_layer},
         **memory_fields(lm, out.accounted),
     )
     return rows

@@ -7,8 +7,12 @@ whole prompt is the first block. The per-sample block lists are right-aligned so
 processes its last prompt token in the same (final) forward; a forward's width is the largest block
 of that step and each sample's tokens are right-aligned in it (left padding inside the chunk).
 
+Budgets: k_b = kv_size by default; per sample with `policy.kv_ratio`, and per layer for PyramidKV
+(then the first block is the smallest budget of the sample's layers, and a layer with a larger budget
+keeps filling block by block until it reaches it). Below, "kv_size" reads "the budget k".
+
 Eviction rule, the same in prefill and decode: before a forward that brings r_b real tokens,
-sample b evicts down to kv_size - p pairs if n_b + r_b > kv_size. This is Algorithm 1 for
+sample b evicts down to kv_size - p pairs if n_b + r_b > kv_size (per layer when layers differ). This is Algorithm 1 for
 prefill_and_decode (an eviction always finds the cache at exactly kv_size there, so "down to
 kv_size - p" is "evict p pairs"). For decode_only a sample whose prompt has s_b >= kv_size pairs
 compresses them at once, down to kv_size - p, at its first decode step, and from then on follows
@@ -33,12 +37,19 @@ def block_sizes(length: int, first_block: int | None, block: int, chunk: int) ->
     return sizes
 
 
-def prefill_plan(lengths: list[int], policy: Policy, chunk: int | None) -> list[torch.Tensor]:
-    """Real tokens per sample for each prefill forward: a list of (B,) long tensors."""
+def prefill_plan(lengths: list[int], policy: Policy, chunk: int | None,
+                 budgets: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """Real tokens per sample for each prefill forward: a list of (B,) long tensors.
+
+    `budgets`: the (L, B) budgets of the batch (policy.budgets), computed here when not given.
+    """
     longest = max(lengths)
     if policy.evicts_in_prefill:
         chunk = chunk or policy.evict_every
-        per_sample = [block_sizes(s, policy.kv_size, policy.evict_every, chunk) for s in lengths]
+        if budgets is None:
+            budgets = policy.budgets(lengths, 1)
+        first = budgets.min(dim=0).values.tolist()  # (B,) the smallest layer budget of each sample
+        per_sample = [block_sizes(s, f, policy.evict_every, chunk) for s, f in zip(lengths, first, strict=True)]
     else:
         chunk = chunk or longest
         per_sample = [block_sizes(s, None, chunk, chunk) for s in lengths]
@@ -47,9 +58,14 @@ def prefill_plan(lengths: list[int], policy: Policy, chunk: int | None) -> list[
     return list(table.T.unbind(0))
 
 
-def rows_to_evict(n: torch.Tensor, r: torch.Tensor, policy: Policy, prefill: bool) -> torch.Tensor | None:
-    """(B,) bool of samples that must evict before a forward bringing r tokens, or None."""
+def rows_to_evict(n: torch.Tensor, r: torch.Tensor, policy: Policy, prefill: bool,
+                  budget: torch.Tensor | None = None) -> torch.Tensor | None:
+    """(B,) bool of samples that must evict before a forward bringing r tokens, or None.
+
+    n: (B,) pairs held (by a group of layers that share budgets); budget: their (B,) budgets (default kv_size).
+    """
     if not policy.evicts or (prefill and not policy.evicts_in_prefill):
         return None
-    rows = (n + r > policy.kv_size) & (r > 0)
+    k = policy.kv_size if budget is None else budget
+    rows = (n + r > k) & (r > 0)
     return rows if bool(rows.any()) else None

@@ -1,27 +1,33 @@
 #!/usr/bin/env bash
-# The baselines on this CPU (SmolLM2-135M, passkey, batch 8): small on purpose (a shared 2-core machine).
-# Runs in priority order; each run appends one record to results/baselines/runs.jsonl, so an
-# interrupted comparison keeps what finished, and a rerun skips what is there (skip_existing=true).
-# Table: python scripts/baselines_table.py
+# Every policy on this CPU: SmolLM2-135M, batch 8, 8 samples per task, kv 128 and 256 (p = 32 for every
+# policy), scored policies under both schedules, passkey / CNN/DM / NarrativeQA (0-shot, inputs cut at
+# 512 tokens so that a kv size is a real share of the prompt), plus re-rotation on and off.
+# Runs in priority order (kv 128 on every task first); each run appends one record to
+# results/baselines/runs.jsonl, so an interrupted comparison keeps what finished, and a rerun skips what is
+# there (skip_existing=true). Tables and plots: python scripts/baselines_table.py
 set -u
 cd "$(dirname "$0")/.."
-PY=${PY:-python}
-KV=${KV:-128}
-COMMON="task=passkey task.n_samples=8 task.context_tokens=384 gen.max_new_tokens=8 batch_size=8 skip_existing=true results_dir=results/baselines"
-EV="policy.kv_size=$KV policy.evict_every=32"  # block-wise everywhere (h2o/tova publish p = 1: too slow in prefill here)
-run() { $PY -m kvbench $COMMON "$@" 2>&1 | tr '\r' '\n' | grep '^kvbench:' ; }
-run policy=full
-run policy=snapkv $EV policy.schedule=prefill_and_decode
-run policy=snapkv $EV policy.schedule=decode_only
-run policy=knorm $EV policy.schedule=prefill_and_decode
-run policy=knorm $EV policy.schedule=decode_only
-run policy=batch_max $EV policy.schedule=prefill_and_decode
-run policy=streaming_llm $EV policy.schedule=prefill_and_decode
-run policy=streaming_llm $EV policy.schedule=prefill_and_decode policy.rerotate=true
-run policy=batch_max $EV policy.schedule=prefill_and_decode policy.rerotate=true
-for pol in keydiff random tova h2o; do
-  run policy=$pol $EV policy.schedule=prefill_and_decode
-done
-for pol in keydiff random tova h2o batch_max; do
-  run policy=$pol $EV policy.schedule=decode_only
+KVBENCH=${KVBENCH:-.venv/bin/kvbench}
+OUT=${OUT:-results/baselines}
+SCORED=batch_max,h2o,tova,snapkv,pyramidkv,knorm,keydiff,random
+COMMON="batch_size=8 task.n_samples=8 skip_existing=true results_dir=$OUT data.dir=${DATA_DIR:-../shared/data}"
+declare -A TASK=(
+  [passkey]="task=passkey task.context_tokens=384 gen.max_new_tokens=8"
+  [cnndm]="task=cnndm task.n_shot=0 task.max_input_tokens=512 gen.max_new_tokens=32"
+  [narrativeqa]="task=narrativeqa task.n_shot=0 task.max_input_tokens=512 gen.max_new_tokens=16"
+)
+run() { $KVBENCH "$@" 2>&1 | tr '\r' '\n' | grep -E '^kvbench:|Error|error:' ; }
+for kv in 128 256; do
+  for t in passkey cnndm narrativeqa; do
+    T="$COMMON ${TASK[$t]}"
+    if [ "$kv" = 128 ]; then
+      run $T policy=full
+      run $T policy=extreme_decode
+    fi
+    run -m $T policy=window,streaming_llm policy.kv_size=$kv policy.evict_every=32
+    run -m $T policy=$SCORED policy.schedule=prefill_and_decode,decode_only policy.kv_size=$kv policy.evict_every=32
+    if [ "$kv" = 128 ] && [ "$t" != narrativeqa ]; then
+      run -m $T policy=streaming_llm,batch_max policy.kv_size=$kv policy.evict_every=32 policy.rerotate=true
+    fi
+  done
 done

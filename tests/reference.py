@@ -75,6 +75,7 @@ class Spec:
     window: int = 0  # snapkv
     kernel: int = 7
     pooling: str = "max"
+    layer_kv: tuple[int, ...] | None = None  # per-layer budgets (PyramidKV); None: kv_size in every layer
 
 
 @dataclass
@@ -278,14 +279,18 @@ def _score(pr: Pair, rule: str, last: int) -> float:
     raise ValueError(rule)
 
 
-def evict(cache, spec: Spec, keep: int, last: int, ref=None, history=None) -> None:
-    """Per (layer, KV head): drop the lowest-scored unprotected pairs until `keep` remain."""
+def evict(cache, spec: Spec, keep, last: int, ref=None, history=None) -> None:
+    """Per (layer, KV head): drop the lowest-scored unprotected pairs until `keep` remain (an int, or one
+    per layer, None = leave the layer alone)."""
     for layer, heads in enumerate(cache):
+        k = keep[layer] if isinstance(keep, list) else keep
+        if k is None:
+            continue
         scores = layer_scores(ref, layer, heads, spec, last, history)
         for g, pairs in enumerate(heads):
             score = {id(pr): sc for pr, sc in zip(pairs, scores[g], strict=True)}
-            drop = len(pairs) - keep
-            assert drop > 0, (len(pairs), keep)
+            drop = len(pairs) - k
+            assert drop > 0, (len(pairs), k)
             protected = lambda pr: pr.pos < spec.protect_first or pr.pos > last - spec.protect_recent  # noqa: E731
             candidates = [pr for pr in pairs if not protected(pr)]
             assert len(candidates) >= drop, "protections leave too few pairs to evict"
@@ -318,6 +323,8 @@ def generate(ref: ReferenceModel, prompt: list[int], max_new: int, spec: Spec | 
         trace.evictions.append((processed, kept(cache)))
 
     s = len(prompt)
+    if spec is not None and spec.layer_kv is not None:  # per-layer budgets: layer l by its own budget
+        return _generate_per_layer(ref, prompt, max_new, spec, cache, trace, process, do_evict)
     if spec is None or spec.schedule == "decode_only":
         logits = process(prompt, 0)
     elif spec.schedule == "prefill_and_decode":  # Algorithm 1
@@ -341,6 +348,46 @@ def generate(ref: ReferenceModel, prompt: list[int], max_new: int, spec: Spec | 
             elif size() >= spec.kv_size:  # decode_only: compress the prompt once, then as above
                 do_evict(spec.kv_size - spec.evict_every, s + t - 1)
         logits = process([tok], s + t - 1)
+        tok = int(logits.argmax())
+        trace.tokens.append(tok)
+    trace.final = kept(cache)
+    return trace
+
+
+def _generate_per_layer(ref, prompt, max_new, spec, cache, trace, process, do_evict) -> Trace:
+    """Algorithm 1 with a budget per layer k_l: the first block is the smallest budget, then blocks of p;
+    before each block (or decode token) of r tokens, every layer with size + r > k_l evicts down to
+    k_l - p (decode_only: from the first decode token on). The peak is checked per layer."""
+    ks, p, s = list(spec.layer_kv), spec.evict_every, len(prompt)
+    assert len(ks) == len(cache)
+
+    def evict_before(r: int, processed: int) -> None:
+        keep = [k - p if len(cache[layer][0]) + r > k else None for layer, k in enumerate(ks)]
+        if any(k is not None for k in keep):
+            do_evict(keep, processed)
+
+    def check() -> None:
+        if spec.schedule == "prefill_and_decode":
+            assert all(len(h) <= k for heads, k in zip(cache, ks, strict=True) for h in heads)
+
+    if spec.schedule == "decode_only":
+        logits = process(prompt, 0)
+    else:
+        t1 = min(s, min(ks))
+        logits = process(prompt[:t1], 0)
+        check()
+        while t1 < s:
+            r = min(p, s - t1)
+            evict_before(r, t1)
+            logits = process(prompt[t1 : t1 + r], t1)
+            t1 += r
+            check()
+    tok = int(logits.argmax())
+    trace.tokens.append(tok)
+    for t in range(1, max_new):
+        evict_before(1, s + t - 1)
+        logits = process([tok], s + t - 1)
+        check()
         tok = int(logits.argmax())
         trace.tokens.append(tok)
     trace.final = kept(cache)

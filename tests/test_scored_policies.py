@@ -24,7 +24,7 @@ PROMPTS = random_prompts((70, 24, 45, 13), seed=7)  # kv_size 32: two longer, tw
 NEW = 24  # 13 + 24 > 32: even the shortest prompt evicts while decoding
 
 RULE = {"batch_max": "average", "h2o": "sum", "knorm": "knorm", "keydiff": "keydiff", "random": "random",
-        "snapkv": "snapkv", "streaming_llm": "newest", "window": "newest"}
+        "snapkv": "snapkv", "pyramidkv": "snapkv", "streaming_llm": "newest", "window": "newest"}
 
 POLICIES = [
     BatchMax(kv_size=32, evict_every=8),

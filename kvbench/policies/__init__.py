@@ -7,6 +7,7 @@ from kvbench.policies.full import Full
 from kvbench.policies.h2o import H2O
 from kvbench.policies.keydiff import KeyDiff
 from kvbench.policies.knorm import Knorm
+from kvbench.policies.pyramidkv import PyramidKV
 from kvbench.policies.random import Random
 from kvbench.policies.snapkv import SnapKV
 from kvbench.policies.streaming_llm import StreamingLLM
@@ -14,7 +15,7 @@ from kvbench.policies.tova import TOVA
 from kvbench.policies.window import Window
 
 __all__ = ["SCHEDULES", "Policy", "ScoreStats", "Full", "Window", "ExtremeDecode", "BatchMax", "H2O", "TOVA",
-           "Knorm", "KeyDiff", "Random", "SnapKV", "StreamingLLM", "registry"]
+           "Knorm", "KeyDiff", "Random", "SnapKV", "PyramidKV", "StreamingLLM", "registry"]
 
 
 def registry() -> dict[str, type[Policy]]:

@@ -7,15 +7,23 @@ position order, protected pairs) lives once in `kvbench.cache.KVCache.evict` and
 Phase flags instead of type checks: the engine asks `evicts_in_prefill` / `evicts_in_decode`,
 `needs_attention` (collect attention statistics while running), `needs_keys` (the cached keys in
 the score statistics), `query_window` (how many of the newest queries the cache keeps for the score,
-0: none) and `capacity(...)` (how many slots to preallocate), never `isinstance`. `keeps_newest`
+0: none) and `budgets(...)` / `capacities(...)` (the pairs each layer of each sample may hold, and
+the slots to preallocate per layer), never `isinstance`. `keeps_newest`
 says the order of the pairs is known without scores (the score is the position): the cache then
 keeps the `protect_first` sinks and the newest pairs by slicing, with no score, sort or gather.
+
+Budgets: `kv_size` pairs per (layer, sample), or with `kv_ratio` that share of each sample's own prompt
+length (samples of one batch then hold different budgets; the way kvpress and most papers state a
+budget, "50% KV"). A budget is never below `min_budget` (evict_every + the protected pairs + 1: an
+eviction must leave a choice); `layer_budgets` may give layers different budgets (PyramidKV).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from typing import ClassVar
+
+import math
 
 import torch
 
@@ -73,7 +81,7 @@ def _is_int(x) -> bool:
 
 @dataclass
 class Policy:
-    """Base of every policy. `kv_size=None` means no eviction (the full cache)."""
+    """Base of every policy. `kv_size=None` (and no `kv_ratio`) means no eviction (the full cache)."""
 
     kv_size: int | None = None
     evict_every: int = 64
@@ -81,6 +89,7 @@ class Policy:
     protect_first: int = 0
     protect_recent: int = 0
     rerotate: bool = False  # re-rotate kept keys to contiguous positions (Llama-style RoPE)
+    kv_ratio: float | None = None  # budget = this share of each sample's prompt (replaces kv_size when set)
 
     name: ClassVar[str] = "base"
     needs_attention: ClassVar[bool] = False
@@ -100,6 +109,12 @@ class Policy:
     # ----------------------------------------------------------------- validation
     def validate(self) -> None:
         p = "policy"
+        if self.kv_ratio is not None:
+            if isinstance(self.kv_ratio, bool) or not isinstance(self.kv_ratio, (int, float)) or not (
+                    0 < self.kv_ratio <= 1):
+                raise ConfigError(f"{p}.kv_ratio", "must be a share of the prompt in (0, 1], or null", self.kv_ratio)
+            self.kv_ratio = float(self.kv_ratio)
+            self.kv_size = None  # the budget is per prompt: kv_ratio replaces kv_size
         if self.kv_size is not None and (not _is_int(self.kv_size) or self.kv_size <= 0):
             raise ConfigError(f"{p}.kv_size", "must be a positive integer", self.kv_size)
         if not _is_int(self.evict_every) or self.evict_every <= 0:
@@ -132,7 +147,7 @@ class Policy:
     # ----------------------------------------------------------------- phase flags
     @property
     def evicts(self) -> bool:
-        return self.kv_size is not None
+        return self.kv_size is not None or self.kv_ratio is not None
 
     @property
     def evicts_in_prefill(self) -> bool:
@@ -144,17 +159,40 @@ class Policy:
 
     @property
     def keep_after_evict(self) -> int:
-        """Pairs a sample holds right after an eviction: |kv| - p (Algorithm 1)."""
+        """Pairs a sample holds right after an eviction under a kv_size budget: |kv| - p (Algorithm 1)."""
         assert self.kv_size is not None
         return self.kv_size - self.evict_every
 
-    def capacity(self, prompt_len: int, max_new_tokens: int) -> int:
-        """Slots to preallocate per (layer, head, sample) for prompts up to `prompt_len`."""
+    @property
+    def min_budget(self) -> int:
+        """The smallest budget an eviction can honour: evict_every pairs go, the protected ones and one more stay."""
+        return self.evict_every + self.protect_first + self.protect_recent + 1
+
+    def sample_budgets(self, lengths: list[int]) -> torch.Tensor:
+        """(B,) pairs each sample may hold: kv_size, or ceil(kv_ratio x its prompt length), at least min_budget."""
+        if self.kv_ratio is None:
+            return torch.full((len(lengths),), self.kv_size, dtype=torch.long)
+        return torch.tensor([max(self.min_budget, math.ceil(self.kv_ratio * s)) for s in lengths], dtype=torch.long)
+
+    def layer_budgets(self, per_sample: torch.Tensor, layers: int) -> torch.Tensor:
+        """(L, B) budget of each layer of each sample from the samples' budgets (B,): the same in every layer."""
+        return per_sample[None, :].expand(layers, -1).clone()
+
+    def budgets(self, lengths: list[int], layers: int) -> torch.Tensor | None:
+        """(L, B) pairs layer l of sample b may hold at any point; None for the full cache."""
         if not self.evicts:
-            return prompt_len + max_new_tokens
+            return None
+        return self.layer_budgets(self.sample_budgets(lengths), layers)
+
+    def capacities(self, lengths: list[int], max_new_tokens: int, budgets: torch.Tensor | None) -> list[int]:
+        """Slots to preallocate per layer (all samples alike: the cache is one tensor per group of layers)."""
+        longest = max(lengths)
+        if budgets is None:
+            return [longest + max_new_tokens]
+        most = budgets.max(dim=1).values.tolist()  # (L,)
         if self.evicts_in_prefill:
-            return self.kv_size
-        return max(self.kv_size, prompt_len)  # decode_only holds the whole prompt first
+            return most
+        return [max(k, longest) for k in most]  # decode_only holds the whole prompt first
 
     # ----------------------------------------------------------------- scoring
     def score(self, stats: ScoreStats) -> torch.Tensor:
@@ -177,5 +215,8 @@ class Policy:
             ext.append(f"protect_recent={self.protect_recent}")
         if self.rerotate and self.evicts:
             ext.append("rerotate: kept keys re-rotated to contiguous positions, new tokens continue from the kept count")
+        if self.kv_ratio is not None:
+            ext.append(f"kv_ratio={self.kv_ratio:g}: each sample's budget is that share of its prompt, at least "
+                       f"{self.min_budget} pairs, and stays that size while decoding")
         d["extensions"] = ext
         return d
