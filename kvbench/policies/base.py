@@ -20,10 +20,9 @@ eviction must leave a choice); `layer_budgets` may give layers different budgets
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import ClassVar
-
-import math
 
 import torch
 
