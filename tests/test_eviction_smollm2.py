@@ -75,3 +75,29 @@ def test_half_prompt_budget_at_batch_8_peak_bytes(lm):
     assert (cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim, bytes_) == (30, 3, 64, 4)  # SmolLM2, float32
     full = generate(lm.model, lm.tokenizer, prompts[:1], Full(), 1, max_new_tokens=2, ignore_eos=True)
     assert full.peak_kv_bytes == formula // B * (s + 1) // kv  # the full cache holds the whole prompt (+1)
+
+
+@pytest.mark.parametrize("schedule", ["prefill_and_decode", "decode_only"])
+def test_baselines_on_smollm2_batch_4_left_padded_within_budgets(lm, schedule):
+    """Every baseline, PyramidKV and a kv_ratio budget on the real model at batch 4 (prompts of different
+    lengths, left-padded): each (layer, sample) holds at most its own budget at every forward (decode_only:
+    once its prompt is compressed), and the outputs are full length."""
+    from kvbench.policies import TOVA, KeyDiff, Knorm, PyramidKV, Random, SnapKV, StreamingLLM
+
+    prompts = [p[:n] for p, n in zip(text_prompts(lm.tokenizer, 4, 200), (200, 90, 150, 120), strict=True)]
+    policies = [SnapKV(kv_size=96, evict_every=16, schedule=schedule), PyramidKV(kv_size=96, evict_every=16,
+                schedule=schedule), StreamingLLM(kv_size=96, evict_every=16), Knorm(kv_size=96, evict_every=16,
+                schedule=schedule), KeyDiff(kv_size=96, evict_every=16, schedule=schedule),
+                Random(kv_size=96, evict_every=16, schedule=schedule), TOVA(kv_size=96, evict_every=16, schedule=schedule),
+                BatchMax(kv_ratio=0.5, evict_every=16, schedule=schedule)]
+    for policy in policies:
+        over = []
+
+        def obs(event, cache, over=over):
+            for g in cache.groups:
+                if policy.schedule == "prefill_and_decode" or cache.evictions:
+                    over.append(bool((g.n > g.budget).any()))
+
+        out = generate(lm.model, lm.tokenizer, prompts, policy, 4, max_new_tokens=12, ignore_eos=True, observer=obs)
+        assert all(len(t) == 12 for t in out.token_ids), policy.name
+        assert over and not any(over), policy.name
