@@ -106,3 +106,31 @@ def test_run_writes_one_record_and_predictions(tmp_path, monkeypatch):
         assert len(r["token_ids"]) <= 4 and r["prompt_tokens"] == len(r["prompt_ids"])
     assert rec["metrics"]["accuracy"] == sum(r["score"]["accuracy"] for r in rows) / 4
     json.dumps(rec)
+
+
+def test_multirun_of_the_baselines_with_kv_ratio_and_pyramidkv(tmp_path, monkeypatch):
+    """`kvbench -m policy=snapkv,pyramidkv,...` on tiny Llama at batch 4 (passkey prompts of different lengths,
+    left-padded), both schedules; records carry the budgets used."""
+    monkeypatch.undo()
+    pols = "snapkv,pyramidkv,streaming_llm,knorm,keydiff,random,tova"
+    args = ["-m", "model=tiny-llama", "task.n_samples=4", "task.context_tokens=96", "batch_size=4",
+            "gen.max_new_tokens=4", f"policy={pols}", "policy.kv_size=48", "policy.evict_every=8",
+            "policy.schedule=prefill_and_decode,decode_only", f"results_dir={tmp_path}", "hydra/job_logging=none",
+            "hydra/hydra_logging=none"]
+    monkeypatch.setattr(sys, "argv", ["kvbench", *args])
+    cli.main(args)
+    recs = read_records(tmp_path)
+    assert sorted((r["policy"], r["schedule"]) for r in recs) == sorted(
+        (p, s) for p in pols.split(",") for s in ("prefill_and_decode", "decode_only"))
+    assert all(r["status"] == "ok" for r in recs)
+    pyr = [r for r in recs if r["policy"] == "pyramidkv"]
+    assert all(r["kv_budget"]["per_layer"] and r["kv_budget"]["min"] < 48 < r["kv_budget"]["max"] for r in pyr)
+    # kv_ratio: the budget is a share of each prompt
+    args = ["model=tiny-llama", "task.n_samples=4", "task.context_tokens=96", "batch_size=4", "gen.max_new_tokens=4",
+            "policy=batch_max", "policy.kv_ratio=0.5", "policy.evict_every=8", f"results_dir={tmp_path}/r"]
+    monkeypatch.setattr(sys, "argv", ["kvbench", *args])
+    cli.main(args)
+    (rec,) = read_records(tmp_path / "r")
+    assert rec["kv_ratio"] == 0.5 and rec["kv_size"] is None and rec["kv_budget"]["by"] == "kv_ratio"
+    assert rec["kv_budget"]["min"] <= rec["kv_budget"]["max"] and not rec["kv_budget"]["per_layer"]
+    assert any("kv_ratio" in e for e in rec["extensions"])
