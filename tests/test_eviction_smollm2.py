@@ -93,7 +93,7 @@ def test_baselines_on_smollm2_batch_4_left_padded_within_budgets(lm, schedule):
     for policy in policies:
         over = []
 
-        def obs(event, cache, over=over):
+        def obs(event, cache, over=over, policy=policy):
             for g in cache.groups:
                 if policy.schedule == "prefill_and_decode" or cache.evictions:
                     over.append(bool((g.n > g.budget).any()))
