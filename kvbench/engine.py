@@ -206,6 +206,7 @@ def _run_batch(model, batch: _Batch, policy: Policy, max_new_tokens, eos_token_i
         width = int(r.max())
         out = forward(batch.chunk_ids(r, width), r, logits=k == len(plan) - 1)
     next_tok = out.argmax(-1).to(dev_in)  # (B,)
+    del out  # the logits are not kept alive through the decode loop (nor through its evictions)
     _sync(dev_in)
     t1 = time.perf_counter()
 
@@ -222,6 +223,7 @@ def _run_batch(model, batch: _Batch, policy: Policy, max_new_tokens, eos_token_i
         _evict_if_needed(cache, ones, policy, False, observer)
         logits = forward(next_tok[:, None], ones, logits=True)
         nxt = logits.argmax(-1).to(dev_in)
+        del logits  # not alive during the next step's eviction
         if not ignore_eos:
             nxt = torch.where(done, torch.full_like(nxt, pad_token_id), nxt)
             alive.append(~done)

@@ -34,7 +34,8 @@ I MLP width, V vocabulary, Hq / H query / KV heads, D head dim, L layers on the 
                           or the output, its transposed copy and the query, 3·B·T·Hq·D·e;
                           fused 2·B·T·Hq·D·e + B·Hq·min(T, score_chunk)·N·2a + B·min(T, chunk)·N + O(B·H·N);
                           logits B·V·e + B·T·h·e (logits_to_keep=1)
-      eviction of b of the B rows over N pairs: L·b·H·N·21 bytes (scores, sort values and int64
+      eviction of b of the B rows over N pairs (+ the padded prompts B·s·8, alive between forwards):
+          L·b·H·N·21 bytes (scores, sort values and int64
           indices, masks) + the K/V gather of `gather_layers` layers at a time: b = B gathers the
           kept pairs, gather_layers·B·H·keep·D·e; b < B first copies its rows out,
           gather_layers·b·H·(N + keep)·D·e + L·b·H·N·(4 + 8 if scored)
@@ -291,8 +292,8 @@ def account(
                            backend, mask_keys=sum(keys[gi] for gi in mine))
             for T, keys, logits in forwards
         ]
-        transients += [_evict_bytes(s, len(groups[gi][1]), B, N, rows, keep, policy)
-                       for gi, N, rows, keep in evictions if gi in mine]
+        transients += [_evict_bytes(s, len(groups[gi][1]), B, N, rows, keep, policy) + B * longest * 8
+                       for gi, N, rows, keep in evictions if gi in mine]  # + the padded prompts (int64), alive throughout
         for gi in mine:  # decode_only: the budget-sized copy of a resize, built while the prompt-sized one lives
             _, layers, cap, row = groups[gi]
             most = int(row.max())

@@ -19,7 +19,19 @@ from kvbench.attention import kv_attention
 from kvbench.cache import KVCache
 from kvbench.config import CONF_DIR, build_task
 from kvbench.engine import generate_batch
-from kvbench.policies import H2O, TOVA, BatchMax, ExtremeDecode, Full, KeyDiff, Knorm, Random, SnapKV, Window
+from kvbench.policies import (
+    H2O,
+    TOVA,
+    BatchMax,
+    ExtremeDecode,
+    Full,
+    KeyDiff,
+    Knorm,
+    PyramidKV,
+    Random,
+    SnapKV,
+    Window,
+)
 from kvbench.results import read_records
 from tests.conftest import random_prompts
 
@@ -88,6 +100,11 @@ CASES = [  # (policy, prompt lengths, prefill_chunk): full and chunked prefill, 
     (TOVA(kv_size=24), (90, 70), None),
     (BatchMax(kv_size=32, evict_every=8, rerotate=True), (90, 70, 40), None),
     (SnapKV(kv_size=32, evict_every=8, window=8, rerotate=True), (90, 70, 40), None),
+    # budgets per sample (kv_ratio: ragged keeps) and per layer (PyramidKV: a group per layer)
+    (BatchMax(kv_ratio=0.5, evict_every=8), (90, 70, 40), None),
+    (H2O(kv_ratio=0.4, evict_every=2), (90, 70, 40), None),
+    (PyramidKV(kv_size=32, evict_every=4, window=4), (90, 70, 40), None),
+    (PyramidKV(kv_ratio=0.5, evict_every=4, window=4, schedule="prefill_and_decode"), (90, 70, 40), None),
 ]
 
 
