@@ -67,7 +67,7 @@ def task_rows(task: str, recs: list[dict], root: Path) -> tuple[list[dict], dict
             metric=r["metrics"].get(metric), ci=r["metrics"].get(f"{metric}_ci"),
             diff=v.diff if v else None, agree=v.agreement if v else None,
             tok_s=r["throughput_tok_s"], prefill_s=r["prefill_s"], peak_kv=r["peak_kv_bytes"],
-            out_len=(ln or {}).get("mean"), budget=r.get("kv_budget"),
+            out_len=(ln or {}).get("mean"), budget=r.get("kv_budget"), attention=r.get("attention") or "-",
         ))
     rows.sort(key=lambda x: (x["policy"] != "full", x["policy"] != "extreme_decode", x["kv"] or 0,
                              x["policy"], x["schedule"] or "", x["rerotate"]))
@@ -78,8 +78,8 @@ def table(task: str, rows: list[dict], fkv: dict | None, settings: str) -> str:
     m = METRIC[task]
     out = [f"## {task} ({m})", "", settings, "",
            f"| policy (schedule) | kv | {m} [95% CI] | diff to FKV [95% CI] | agreement with FKV [95% CI] | tok/s | "
-           "prefill s | peak KV MiB | mean output tokens |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "prefill s | attention | peak KV MiB | mean output tokens |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for x in rows:
         d, a = x["diff"], x["agree"]
         kv = x["kv"] or "-"
@@ -89,7 +89,7 @@ def table(task: str, rows: list[dict], fkv: dict | None, settings: str) -> str:
             f"| {x['label']} | {kv} | {fmt_ci(x['metric'], x['ci'])} | "
             f"{fmt_ci(d['mean'], d['ci'], sign='+') if d else '-'} | "
             f"{fmt_ci(a['prefix'], a['prefix_ci'], 2) if a else '-'} | {x['tok_s'] or 0:.1f} | "
-            f"{x['prefill_s'] or 0:.1f} | {(x['peak_kv'] or 0) / 2**20:.1f} | "
+            f"{x['prefill_s'] or 0:.1f} | {x['attention']} | {(x['peak_kv'] or 0) / 2**20:.1f} | "
             f"{'-' if x['out_len'] is None else format(x['out_len'], '.1f')} |"
         )
     return "\n".join(out) + "\n"
@@ -149,10 +149,11 @@ def main() -> None:
             continue
         rows, fkv = task_rows(task, mine, root)
         c = mine[0]["config"]
-        settings = (f"SmolLM2-135M, {c['task']['n_samples']} samples, batch {mine[0]['batch_size']}, "
-                    f"{c['gen']['max_new_tokens']} new tokens, inputs up to {c['task'].get('max_input_tokens')} tokens"
-                    f" (passkey: {c['task'].get('context_tokens')} context tokens), p = 32 for every policy, "
-                    f"attention {mine[0].get('attention')}.")
+        size = (f"{c['task'].get('context_tokens')} context tokens" if task == "passkey" else
+                f"{c['task'].get('n_shot')}-shot, inputs cut at {c['task'].get('max_input_tokens')} tokens")
+        settings = (f"SmolLM2-135M (float32, CPU, 1 thread), {c['task']['n_samples']} samples, batch "
+                    f"{mine[0]['batch_size']}, {c['gen']['max_new_tokens']} new tokens, {size}, p = 32 for every "
+                    "policy; attention: `auto` (fused for the policies that need attention statistics, sdpa otherwise).")
         text.append(table(task, rows, fkv, settings))
         plot(task, rows, root / "plots")
     (root / "tables.md").write_text("\n".join(text))
