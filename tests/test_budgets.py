@@ -20,7 +20,7 @@ from kvbench.engine import generate
 from kvbench.errors import ConfigError
 from kvbench.policies import H2O, BatchMax, PyramidKV, SnapKV, StreamingLLM
 from tests.conftest import random_prompts
-from tests.test_scored_policies import NEW, PROMPTS, reference, spec_of
+from tests.test_scored_policies import NEW, PROMPTS, assert_traces_match, reference, spec_of
 
 RATIO_POLICIES = [
     BatchMax(kv_ratio=0.5, evict_every=4),  # prefill_and_decode
@@ -74,15 +74,6 @@ def run(lm, prompts, policy, batch_size, new=NEW):
     return tokens, evictions, final, held, out
 
 
-def assert_matches(refs, tokens, evictions, final):
-    for b, ref in enumerate(refs):
-        assert [s for s, _ in evictions[b]] == [s for s, _ in ref.evictions], f"sample {b}: eviction times"
-        for j, ((_, got), (seen, want)) in enumerate(zip(evictions[b], ref.evictions, strict=True)):
-            assert got == want, f"sample {b}, eviction {j} (after {seen} positions)"
-        assert final[b] == ref.final, f"sample {b}: final kept positions"
-        assert tokens[b] == ref.tokens, f"sample {b}: tokens"
-
-
 def assert_within_budgets(held, policy):
     """Every forward: each (layer, sample) holds at most its budget (decode_only: once its prompt is compressed)."""
     for batch in held:
@@ -121,7 +112,7 @@ def test_kv_ratio_matches_reference_per_sample(tiny_llama, policy, batch_size):
         spec = type(spec)(**{**spec.__dict__, "kv_size": k})
         refs.append(reference("llama", tuple(p), spec))
     tokens, evictions, final, held, out = run(tiny_llama, PROMPTS, policy, batch_size)
-    assert_matches(refs, tokens, evictions, final)
+    assert_traces_match(refs, tokens, evictions, final)
     assert_within_budgets(held, policy)
     assert all(ref.evictions for ref in refs)
     if batch_size == 4:
@@ -190,7 +181,7 @@ def test_pyramidkv_matches_per_layer_reference(arch, policy, batch_size, request
                               "layer_kv": tuple(budgets[:, b].tolist())})
         refs.append(reference(arch, tuple(p), spec))
     tokens, evictions, final, held, _ = run(lm, PROMPTS, policy, batch_size)
-    assert_matches(refs, tokens, evictions, final)
+    assert_traces_match(refs, tokens, evictions, final)
     assert_within_budgets(held, policy)
     assert all(ref.evictions for ref in refs)
 

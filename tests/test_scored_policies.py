@@ -166,17 +166,23 @@ def test_engine_matches_reference(arch, policy, batch_size, request):
     assert_engine_matches_reference(request.getfixturevalue(f"tiny_{arch}"), arch, policy, batch_size)
 
 
-def assert_engine_matches_reference(lm, arch: str, policy, batch_size: int) -> None:
-    """Eviction times, kept positions and tokens of the engine == the brute-force reference, per sample."""
-    spec = spec_of(policy)
-    refs = [reference(arch, tuple(p), spec) for p in PROMPTS]
-    tokens, evictions, final, peak = run_engine(lm, PROMPTS, policy, batch_size)
+def assert_traces_match(refs, tokens, evictions, final) -> None:
+    """Per sample: the engine's eviction times, kept positions after each eviction, final kept positions and
+    tokens equal the reference traces."""
     for b, ref in enumerate(refs):
         assert [s for s, _ in evictions[b]] == [s for s, _ in ref.evictions], f"sample {b}: eviction times"
         for j, ((_, got), (seen, want)) in enumerate(zip(evictions[b], ref.evictions, strict=True)):
             assert got == want, f"sample {b}, eviction {j} (after {seen} positions)"
         assert final[b] == ref.final, f"sample {b}: final kept positions"
         assert tokens[b] == ref.tokens, f"sample {b}: tokens"
+
+
+def assert_engine_matches_reference(lm, arch: str, policy, batch_size: int) -> None:
+    """Eviction times, kept positions and tokens of the engine == the brute-force reference, per sample."""
+    spec = spec_of(policy)
+    refs = [reference(arch, tuple(p), spec) for p in PROMPTS]
+    tokens, evictions, final, peak = run_engine(lm, PROMPTS, policy, batch_size)
+    assert_traces_match(refs, tokens, evictions, final)
     if policy.schedule == "prefill_and_decode":
         assert peak <= policy.kv_size == max(r.peak for r in refs)  # never more than the budget
     else:
