@@ -192,6 +192,7 @@ class KVCache(Cache):
         for dev, layers, cap, row in layout(layer_devices, caps, self.budgets):
             g = _Group(layers, batch_size, num_kv_heads, cap, head_dim, dtype, dev, track_attention,
                        self.q_heads, query_window, budget=row)
+            g.index = len(self._groups)  # its position: its Step's key and its entry in the write plans
             self._groups.append(g)
             self._where += [(g, i) for i in range(len(layers))]
         if self.rope_inv_freq is not None and len({tuple(g.budget.tolist()) for g in self._groups
@@ -238,17 +239,6 @@ class KVCache(Cache):
     def capacity(self) -> int:
         """The most slots per sample of any layer."""
         return max(g.capacity for g in self._groups)
-
-    @property
-    def peak_pairs(self) -> float:
-        """Most pairs held at once per layer (sum over samples), averaged over layers."""
-        return self.peak_layer_pairs / self.num_layers
-
-    # ------------------------------------------------------------------ sizes
-    @property
-    def pair_bytes(self) -> int:
-        """Bytes of one KV pair across all layers and heads (K and V)."""
-        return self.num_layers * self.layer_pair_bytes
 
     @property
     def layer_pair_bytes(self) -> int:
@@ -352,16 +342,11 @@ class KVCache(Cache):
         """The current forward's Step for `layer`'s group, on its device (built once per group per forward)."""
         return self._step(self._where[layer][0])
 
-    def step_on(self, device: torch.device) -> Step:
-        """The current forward's Step of the first group on `device` (the only one unless budgets differ by layer)."""
-        return self._step(next(g for g in self._groups if g.device == torch.device(device)))
-
     def _step(self, g: _Group) -> Step:
-        key = id(g)
-        st = self._steps.get(key)
+        st = self._steps.get(g.index)
         if st is None:
             sh = self._step_cpu["shared"]
-            c = self._step_cpu["groups"][self._groups.index(g)]
+            c = self._step_cpu["groups"][g.index]
             device = g.device
             mask = None
             if c["thresh"] is not None:
@@ -384,7 +369,7 @@ class KVCache(Cache):
                 seqlens=c["seqlens"].to(device),
                 q_src=sh["q_src"].to(device) if "q_src" in sh else None,
             )
-            self._steps[key] = st
+            self._steps[g.index] = st
         return st
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

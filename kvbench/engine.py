@@ -57,6 +57,14 @@ class GenerationOutput:
     budget_max: int | None = None
     budget_per_layer: bool = False  # layers held different budgets (PyramidKV)
 
+    def note_budgets(self, k: torch.Tensor | None) -> None:
+        """Widen the budget range by a batch's (L, B) budgets (None: the full cache)."""
+        if k is None:
+            return
+        self.budget_min = int(k.min()) if self.budget_min is None else min(self.budget_min, int(k.min()))
+        self.budget_max = int(k.max()) if self.budget_max is None else max(self.budget_max, int(k.max()))
+        self.budget_per_layer = self.budget_per_layer or bool((k != k[:1]).any())
+
     @property
     def throughput_tok_s(self) -> float:
         return self.generated_tokens / self.wall_s if self.wall_s > 0 else 0.0
@@ -249,6 +257,7 @@ def _run_batch(model, batch: _Batch, policy: Policy, max_new_tokens, eos_token_i
         generated_tokens=generated,
         peak_kv_bytes=cache.peak_kv_bytes,
         kv_allocated_bytes=allocated,
+        budgets=batch.budgets,  # (L, B) the budgets the cache held, None for the full cache
     )
     return result, stats
 
@@ -306,11 +315,6 @@ def generate(
         )
         if out.accounted is None or acc.total > out.accounted.total:
             out.accounted = acc
-        k = policy.budgets([len(x) for x in batch], len(geometry["layer_devices"]))  # (L, B)
-        if k is not None:
-            out.budget_min = min(int(k.min()), out.budget_min or int(k.min()))
-            out.budget_max = max(int(k.max()), out.budget_max or 0)
-            out.budget_per_layer = out.budget_per_layer or bool((k != k[:1]).any())
         if budget is not None:
             budget.admit(acc)
         return generate_batch(
@@ -341,6 +345,7 @@ def generate(
             out.generated_tokens += stats["generated_tokens"]
             out.peak_kv_bytes = max(out.peak_kv_bytes, stats["peak_kv_bytes"])
             out.kv_allocated_bytes = max(out.kv_allocated_bytes, stats["kv_allocated_bytes"])
+            out.note_budgets(stats["budgets"])
             out.batches += 1
     out.wall_s = time.perf_counter() - t0
     if policy.needs_attention and backend in ("eager", "fused"):

