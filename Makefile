@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 # the local dataset mirror, when there is one (used by the demo and the real-task scripts)
 DATA_DIR ?= $(wildcard ../shared/data)
 
-.PHONY: help install test test-slow demo lint reproduce-mini clean gpu-check
+.PHONY: help install test test-slow test-matrix wheel-check demo lint reproduce-mini clean gpu-check
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -30,6 +30,12 @@ test: install ## the default test suite (slow tests excluded)
 
 test-slow: install ## the slower tests on the real default model
 	$(BIN)/python -m pytest -q -m slow
+
+test-matrix: install ## every combination of the documented options (the full product; ~1 h, outside CI)
+	KVBENCH_MATRIX=full $(BIN)/python -m pytest -q tests/test_config_matrix.py
+
+wheel-check: install ## build the wheel, check it, install it in a throwaway venv and run kvbench from outside the checkout (CI)
+	scripts/wheel_check.sh
 
 demo: install ## a small comparison of the policies on the default model (prints a table)
 	$(BIN)/python -m kvbench.demo $(if $(DATA_DIR),data.dir=$(DATA_DIR))

@@ -1,8 +1,10 @@
 """The `kvbench` command (also `python -m kvbench`): Hydra app with a preflight check.
 
 Before Hydra runs anything, `preflight` composes the config of every job the command line asks
-for (each point of a `-m` sweep) and validates it, so a wrong override ends the command with one
-line naming it and exit code 2, before any model is loaded, with no traceback.
+for (each point of a `-m` sweep), validates it and runs `kvbench.preflight.check_run` (the results
+folder, the model's files, the prompts, serve's pool), so a wrong override ends the command with one
+line naming it and exit code 2, before any model is loaded, with no traceback. Ctrl-C ends it as
+quietly as SIGTERM: one line, exit code 130 (a run in progress records itself as interrupted first).
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ def preflight(argv: list[str]) -> None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from kvbench.config import CONF_DIR, validate
+    from kvbench.preflight import check_run
 
     overrides, multirun, config_name, runs = split_argv(argv)
     if any(a in HELP_FLAGS for a in argv):
@@ -97,6 +100,7 @@ def preflight(argv: list[str]) -> None:
                         "batch_size", "conflicts with search.max_batch=true (the search picks the batch size)"
                     )
                 validate(cfg)
+                check_run(cfg)
 
 
 def _hydra_entry() -> None:
@@ -109,15 +113,21 @@ def _hydra_entry() -> None:
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
     def app(cfg) -> None:
         from kvbench.errors import ConfigError
-        from kvbench.runner import run
+        from kvbench.runner import RecordNotWritten, run
 
+        multirun = HydraConfig.get().mode == RunMode.MULTIRUN
         if cfg.skip_existing is None:  # a re-run sweep resumes: runs already recorded ok/oom are skipped
-            cfg.skip_existing = HydraConfig.get().mode == RunMode.MULTIRUN
+            cfg.skip_existing = multirun
         try:
             record = run(cfg)
         except ConfigError as e:  # bad input found only once the model is loaded (a budget below its weights)
             print(f"kvbench: error: {e}", file=sys.stderr)
             sys.exit(2)
+        except RecordNotWritten as e:  # the results folder failed at the end: nothing lost, it says where
+            print(f"kvbench: error: {e}", file=sys.stderr)
+            if not multirun:
+                sys.exit(1)
+            return
         summary = {
             k: record.get(k)
             for k in ("status", "policy", "kv_size", "batch_size", "metrics", "throughput_tok_s", "peak_kv_bytes",
@@ -142,12 +152,25 @@ def checked(check, argv: list[str], prog: str) -> None:
         sys.exit(2)
 
 
+def quiet_interrupt(entry, prog: str) -> None:
+    """Run `entry()`; Ctrl-C outside a run (inside one the runner records it and exits 130 itself): one line, 130."""
+    try:
+        entry()
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted (SIGINT)", file=sys.stderr)
+        sys.exit(130)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ["KVBENCH_LAUNCHER_PID"] = str(os.getpid())  # Hydra's run/sweep dirs are per process
-    checked(preflight, argv, "kvbench")
-    sys.argv = [sys.argv[0], *argv]
-    _hydra_entry()
+
+    def entry() -> None:
+        checked(preflight, argv, "kvbench")
+        sys.argv = [sys.argv[0], *argv]
+        _hydra_entry()
+
+    quiet_interrupt(entry, "kvbench")
 
 
 if __name__ == "__main__":

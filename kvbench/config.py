@@ -22,11 +22,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from kvbench.errors import ConfigError
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-if not (CONF_DIR / "config.yaml").exists():  # installed (non-editable): configs ship as kvbench.conf
-    import kvbench.conf as _conf
-
-    CONF_DIR = Path(_conf.__file__).parent
+CONF_DIR = Path(__file__).resolve().parent / "conf"  # the Hydra configs: the package kvbench.conf (in every install)
 
 DIVISORS_OF_960 = [d for d in range(1, 961) if 960 % d == 0]
 
@@ -126,6 +122,7 @@ class RootConfig:
 
 
 MODES = ("run", "prompt_report", "serve")
+SERVE_ATTENTION = ("auto", "sdpa")  # gen.attention values mode=serve applies (its paged SDPA)
 # keys that do not change what a run computes: left out of its identity hash
 NON_IDENTITY = ("results_dir", "logger", "skip_existing", "output", "experiment_name", "reproduce", "plan")
 
@@ -210,6 +207,7 @@ def validate(cfg: DictConfig) -> None:
     if cfg.search.probe == "account" and not on_cpu:
         raise ConfigError("search.probe", "account probes exist only on CPU (a GPU's budget is a real cap)", "account")
     _validate_serve(cfg)
+    _validate_plan(cfg)
     for key in ("policy", "task"):
         try:
             (build_policy if key == "policy" else build_task)(cfg)
@@ -247,8 +245,20 @@ def _validate_serve(cfg: DictConfig) -> None:
         return
     if s.num_blocks is None and cfg.memory.budget_gb is None:
         raise ConfigError("serve.num_blocks", "null needs memory.budget_gb (the pool is sized from it)", None)
+    # static-engine settings serve mode would not apply: refused, never recorded as if they were
     if cfg.search.max_batch:
         raise ConfigError("search.max_batch", "has no meaning in mode=serve (the scheduler batches)", True)
+    if cfg.batch_size != 1:
+        raise ConfigError("batch_size", "has no meaning in mode=serve (the scheduler batches whoever is running; "
+                          "serve.max_running caps them)", cfg.batch_size)
+    if cfg.gen.attention not in SERVE_ATTENTION:
+        raise ConfigError("gen.attention", "mode=serve attends over the paged pool with SDPA (gathered pages): "
+                          f"use {' or '.join(SERVE_ATTENTION)}", cfg.gen.attention)
+    if cfg.gen.prefill_chunk is not None:
+        raise ConfigError("gen.prefill_chunk", "has no meaning in mode=serve (serve.max_tokens_per_step bounds "
+                          "each step's prefill chunks)", cfg.gen.prefill_chunk)
+    if cfg.gen.warmup:
+        raise ConfigError("gen.warmup", "has no meaning in mode=serve (no batch to run twice)", True)
     try:
         policy = build_policy(cfg)
     except Exception:
@@ -259,6 +269,12 @@ def _validate_serve(cfg: DictConfig) -> None:
         raise ConfigError("policy.kv_ratio" if policy.kv_ratio is not None else "policy",
                           "mode=serve evicts by one kv_size per request (no per-prompt or per-layer budgets)",
                           policy.kv_ratio if policy.kv_ratio is not None else policy.name)
+    if policy.query_window:
+        raise ConfigError("policy", f"{policy.name} scores pairs with the newest queries (its observation window), "
+                          "which mode=serve's paged pool does not keep", policy.name)
+    if policy.rerotate:
+        raise ConfigError("policy.rerotate", "mode=serve does not re-rotate kept keys yet (the paged pool keeps "
+                          "source positions)", True)
     bs, kv = s.block_size, policy.kv_size
     if kv % bs:
         raise ConfigError("serve.block_size", f"must divide policy.kv_size={kv} (eviction is by whole blocks)", bs)
@@ -274,6 +290,24 @@ def _validate_serve(cfg: DictConfig) -> None:
             "serve.num_blocks", f"the pool ({s.num_blocks} x {bs} tokens) is smaller than one request's budget "
             f"policy.kv_size={kv}", s.num_blocks,
         )
+
+
+def _validate_plan(cfg: DictConfig) -> None:
+    """plan.* values (kvbench-plan reads them; every command refuses the same bad ones)."""
+    from kvbench.attention import BACKENDS
+
+    p = cfg.plan
+    known = [b for b in BACKENDS if b != "auto"]
+    if not p.backends or any(b not in known for b in p.backends):
+        raise ConfigError("plan.backends", f"must be a non-empty list of {', '.join(known)}", list(p.backends or []))
+    for key in ("gpus", "gpu_mem_mib", "prompt_tokens"):
+        v = p.get(key)
+        if v is not None and v <= 0:
+            raise ConfigError(f"plan.{key}", "must be a positive integer or null", v)
+    kvs = list(p.kv_sizes) if p.kv_sizes is not None else []
+    evict = cfg.policy.get("evict_every")
+    if p.kv_sizes is not None and (not kvs or any(k <= 0 or (evict and k <= evict) for k in kvs)):
+        raise ConfigError("plan.kv_sizes", f"must be kv sizes above policy.evict_every={evict}", kvs)
 
 
 def device_kind(device: str) -> str:

@@ -39,7 +39,10 @@ I MLP width, V vocabulary, Hq / H query / KV heads, D head dim, L layers on the 
           indices, masks) + the K/V gather of `gather_layers` layers at a time: b = B gathers the
           kept pairs, gather_layers·B·H·keep·D·e; b < B first copies its rows out,
           gather_layers·b·H·(N + keep)·D·e + L·b·H·N·(4 + 8 if scored)
-          + with policy.rerotate, the rotation of the gathered keys: gather_layers·b·H·keep·D·(2·4 + 4·e)
+          + with policy.rerotate, the rotation of the kept keys from their written copies (`k_src`), in
+          a = max(4, e) bytes: gather_layers·b·H·keep·(D·(4·a + (a if e < a) + e) + 8) (cos, sin, rotate_half,
+          the product, the keys upcast, the result; the int64 angles' positions), + their copy when b < B,
+          once the gathers are done (the larger of the two phases)
           + the keys' copy L·b·H·N·D·e for a policy that reads keys, and of its W kept queries
           L·b·Hq·W·D·e for a policy with a query window (b < B only)
           + the larger of (the scores, sort and gather above) and (the policy's own score computation,
@@ -72,7 +75,7 @@ HIDDEN_BUFFERS = 4  # (B, T, h) tensors alive through a decoder layer
 ID_BUFFERS = 4  # (B, T) int64 tensors of a forward's bookkeeping
 ROPE_BUFFERS = 4  # query-sized tensors alive while RoPE rotates the queries
 EVICT_BYTES = 21  # per (layer, sample, head, pair) in an eviction: score 4, sort values 4 + indices 8, masks
-ROTATE_F32, ROTATE_E = 2, 4  # re-rotation: float32 (angles, their cos/sin) and model-dtype (cos, sin, rotate_half, product) buffers per key element
+ROTATE_ACC = 4  # re-rotation: cos, sin, rotate_half and the product, per key element, in float32 (float64 models: float64)
 GATHER_LAYERS = KVCache.__init__.__kwdefaults__["gather_layers"]  # the engine builds caches with the default
 
 
@@ -215,8 +218,10 @@ def _evict_bytes(s: ModelShape, L: int, B: int, N: int, rows: int, keep: int, po
     else:  # a subset: its positions (+ statistics) and its N pairs are copied out first
         copies, gathered = 4 + (8 if scored else 0), rows * (N + keep)
     gather = min(GATHER_LAYERS, L) * s.kv_heads * gathered * s.head_dim * s.elem  # gather_layers at a time
-    if policy.rerotate:  # KVCache._rotate on the gathered keys: float32 angles, cos, sin, rotate_half, products
-        gather += min(GATHER_LAYERS, L) * s.kv_heads * rows * keep * s.head_dim * (ROTATE_F32 * 4 + ROTATE_E * s.elem)
+    if policy.rerotate:  # KVCache._rotate of the kept keys' written copies: cos, sin, rotate_half, product (acc dtype)
+        e, a = s.elem, max(4, s.elem)
+        per_key = s.head_dim * (ROTATE_ACC * a + (a if e < a else 0) + e + (e if rows < B else 0)) + 8
+        gather = max(gather, min(GATHER_LAYERS, L) * s.kv_heads * rows * keep * per_key)  # after the gathers
     keys = L * rows * s.kv_heads * N * s.head_dim * s.elem if policy.needs_keys and rows < B else 0
     keys += L * rows * s.q_heads * policy.query_window * s.head_dim * s.elem if rows < B else 0  # kept queries
     own = policy.score_bytes(layers=L, rows=rows, kv_heads=s.kv_heads, q_heads=s.q_heads, pairs=N,
@@ -229,6 +234,7 @@ def _cache_bytes(s: ModelShape, B: int, L: int, slots: int, policy) -> int:
     return KVCache.nbytes_for(
         batch_size=B, num_layers=L, num_kv_heads=s.kv_heads, head_dim=s.head_dim, capacity=slots, dtype=s.dtype,
         track_attention=policy.needs_attention, num_q_heads=s.q_heads, query_window=policy.query_window,
+        rerotate=policy.rerotate and policy.evicts,
     )
 
 

@@ -104,21 +104,8 @@ def node_of(cfg: DictConfig) -> Node:
 
 
 def check(cfg: DictConfig) -> None:
-    """Every check of a plan's own keys (no model, no tokenizer): ConfigError naming the key."""
-    from kvbench.attention import BACKENDS
-
-    p = cfg.plan
-    known = [b for b in dict.fromkeys([*BACKENDS, "eager"]) if b != "auto"]
-    if not p.backends or any(b not in known for b in p.backends):
-        raise ConfigError("plan.backends", f"must be a non-empty list of {', '.join(known)}", list(p.backends or []))
-    for key in ("gpus", "gpu_mem_mib", "prompt_tokens"):
-        v = p.get(key)
-        if v is not None and v <= 0:
-            raise ConfigError(f"plan.{key}", "must be a positive integer or null", v)
-    kvs = list(p.kv_sizes) if p.kv_sizes is not None else []
-    evict = cfg.policy.get("evict_every")
-    if p.kv_sizes is not None and (not kvs or any(k <= 0 or (evict and k <= evict) for k in kvs)):
-        raise ConfigError("plan.kv_sizes", f"must be kv sizes above policy.evict_every={evict}", kvs)
+    """The node a plan describes (no model, no tokenizer): ConfigError naming the key. The plan.* keys'
+    own values are checked by kvbench.config.validate, for every command alike."""
     node_of(cfg)
 
 

@@ -1,10 +1,13 @@
 """One run: config -> model, task, policy -> generation -> scores -> one record.
 
-The runner owns the run's life cycle and its failure modes: the record is written whatever
-happens (status "ok", "oom" or "error"), predictions first, so a crash or an OOM in one run of a
-sweep loses nothing already written. One exception: a memory budget below the model's own weights
-(`ModelDoesNotFit`) is bad input, not a measurement; it leaves no record and the CLI reports it
-in one line with exit code 2, like a bad override.
+The runner owns the run's life cycle and its failure modes. Before anything loads, `validate` and
+`kvbench.preflight` check everything that needs no model (the results folder, the model's files, the
+prompts, serve's pool). Then the record is written whatever happens (status "ok", "oom", "error" or
+"interrupted"), predictions first, so a crash or an OOM in one run of a sweep loses nothing already
+written; when the results folder itself fails at the end (a disk filling up), everything goes to a
+rescue folder that `RecordNotWritten` names. One exception: bad input found only once the model is
+loaded (a ConfigError, e.g. `ModelDoesNotFit`: a memory budget below the model's own weights) is not a
+measurement; it leaves no record and the CLI reports it in one line with exit code 2, like a bad override.
 
 Memory (kvbench.memory): `memory.budget_gb` caps every GPU before the model loads and is checked
 against the weights once they are loaded; with `search.max_batch=true` the batch size comes from
@@ -23,9 +26,10 @@ import logging
 import signal
 import statistics
 import subprocess
+import tempfile
 import traceback
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -33,10 +37,10 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 import kvbench
-from kvbench import engine, memory, results, search, stats
+from kvbench import engine, memory, preflight, results, search, stats
 from kvbench.attention import resolve_backend
 from kvbench.config import build_policy, build_task, config_hash, validate
-from kvbench.errors import OutOfMemory
+from kvbench.errors import ConfigError, OutOfMemory
 from kvbench.memory import is_oom
 from kvbench.models import weights_format
 from kvbench.models.base import LoadedModel, resolve_device
@@ -110,6 +114,7 @@ def new_record(cfg: DictConfig, policy, task) -> dict:
         "error": None,
         "oom_kind": None,  # with status oom: "accounted" (final) or "measured" (retried once by skip_existing)
         "experiment": cfg.experiment_name,
+        "mode": cfg.mode,
         "model": cfg.model.name,
         "weights": weights_format(cfg),
         "task": task.name,
@@ -117,9 +122,9 @@ def new_record(cfg: DictConfig, policy, task) -> dict:
         "kv_size": policy.kv_size,
         "kv_ratio": policy.kv_ratio,
         "kv_budget": None,  # {"by": kv_size | kv_ratio, "min", "max", "per_layer"}: the budgets a (layer, sample) held
-        "evict_every": policy.evict_every if policy.evicts else None,
+        "evict_every": policy.evict_every if policy.evicts and cfg.mode != "serve" else None,
         "schedule": policy.schedule if policy.evicts else None,
-        "batch_size": cfg.batch_size,
+        "batch_size": cfg.batch_size if cfg.mode != "serve" else None,  # serve: the scheduler batches
         "n_samples": task.n_samples,
         "max_new_tokens": cfg.gen.max_new_tokens,
         "seed": cfg.seed,
@@ -263,36 +268,39 @@ def find_batch_size(cfg: DictConfig, record: dict, lm: LoadedModel, policy, ids,
 
 
 class Terminated(BaseException):
-    """SIGTERM (what SLURM and most schedulers send) during a run: handled like Ctrl-C."""
+    """SIGTERM (what SLURM and most schedulers send) or SIGINT (Ctrl-C) during a run; `args[0]` names it."""
+
+
+SIGNALS = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT"}
 
 
 @dataclass
 class TermGuard:
-    """SIGTERM during one run: raises Terminated (once) while the run works; while its record is
-    written (`defer`) it waits; `uninstall` then stops the process (exit code 143) if one came."""
+    """SIGTERM and SIGINT during one run: raise Terminated (once) while the run works; while its record is
+    written (`defer`) they wait; `uninstall` then stops the process quietly (exit code 128 + the signal's
+    number: 143 for SIGTERM, 130 for SIGINT) if one came."""
 
     defer: bool = False
-    fired: bool = False
-    previous: object = None
-    installed: bool = False
+    fired: int | None = None  # the signal that came
+    previous: dict = field(default_factory=dict)
 
     def install(self) -> TermGuard:
         if _main_thread():  # signal handlers live in the main thread only
-            self.previous, self.installed = signal.signal(signal.SIGTERM, self.handler), True
+            self.previous = {sig: signal.signal(sig, self.handler) for sig in SIGNALS}
         return self
 
     def handler(self, signum, frame) -> None:
-        if not self.fired:
-            self.fired = True
+        if self.fired is None:
+            self.fired = signum
             if not self.defer:
-                raise Terminated("SIGTERM")
+                raise Terminated(SIGNALS[signum])
 
     def uninstall(self) -> None:
-        if self.installed:
-            signal.signal(signal.SIGTERM, self.previous)
-            self.installed = False
-        if self.fired:
-            raise SystemExit(128 + signal.SIGTERM)
+        for sig, previous in self.previous.items():
+            signal.signal(sig, previous)
+        self.previous = {}
+        if self.fired is not None:
+            raise SystemExit(128 + self.fired)
 
 
 def _main_thread() -> bool:
@@ -312,19 +320,71 @@ def fit_batch_size(record: dict, batch_size: int, n: int) -> int:
     return batch_size
 
 
+class RecordNotWritten(OSError):
+    """The results folder failed after the run (a disk filling up): the record and predictions went to `rescue`."""
+
+    def __init__(self, message: str, rescue: Path):
+        super().__init__(message)
+        self.rescue = rescue
+
+
+def rescue_dir(run_id: str) -> Path:
+    """Where a run's files go when its results folder cannot take them: the temp folder, else the home folder."""
+    for root in (Path(tempfile.gettempdir()), Path.home()):
+        path = root / "kvbench-rescue" / run_id
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            return path
+        except OSError:
+            continue
+    raise OSError("no writable folder for the rescued record (temp and home folders both failed)")
+
+
+def save(cfg: DictConfig, record: dict, rows: list[dict], claim) -> None:
+    """Predictions, scores, then the record, into results_dir; what fails goes to `rescue_dir`, never lost
+    (RecordNotWritten says where, once everything is written somewhere)."""
+    failed, rescue = [], None
+
+    def place(kind: str, name: str) -> Path:
+        return Path(cfg.results_dir) / kind / name if rescue is None else rescue / name
+
+    for kind, data, key in (("predictions", rows, "predictions_path"), ("scores", score_rows(rows) if rows else [],
+                                                                        "scores_path")):
+        if not rows:
+            break
+        name = f"{record['run_id']}.jsonl" if rescue is None else f"{kind}.jsonl"
+        try:
+            record[key] = str(results.write_jsonl(place(kind, name), data))
+        except OSError as e:
+            failed.append(f"{place(kind, name)}: {e.strerror or e}")
+            rescue = rescue or rescue_dir(record["run_id"])
+            record[key] = str(results.write_jsonl(rescue / f"{kind}.jsonl", data))
+    if rescue is not None:
+        record["notes"].append(f"the results folder failed ({'; '.join(failed)}): files written to {rescue}")
+    try:
+        results.append_record(cfg.results_dir, record, release=claim)
+    except OSError as e:
+        failed.append(f"{Path(cfg.results_dir) / results.RUNS}: {e.strerror or e}")
+        rescue = rescue or rescue_dir(record["run_id"])
+        record["notes"].append(f"the record could not be appended ({failed[-1]}): written to {rescue}")
+        results.append_record(rescue, record)
+    if failed:
+        raise RecordNotWritten(f"could not write {'; '.join(failed)}: the run's record and predictions are in "
+                               f"{rescue}", rescue)
+
+
 def run(cfg: DictConfig, lm: LoadedModel | None = None) -> dict:
     """Run one configuration and append its record; returns the record (also on oom / error).
 
-    SIGTERM and SIGINT leave an `interrupted` record, then stop the process (exit code 143 for SIGTERM).
+    Bad input (a ConfigError: from the preflight, or found once the model is loaded, such as a budget
+    below its weights) leaves no record and is raised. SIGTERM and SIGINT leave an `interrupted` record,
+    then stop the process (exit code 143 / 130). RecordNotWritten: the results folder failed after the
+    run; everything went to a rescue folder it names.
     """
     validate(cfg)
+    prompts = preflight.check_run(cfg)  # no model: the results folder, the model's files, prompts, serve's pool
     policy, task = build_policy(cfg), build_task(cfg)
     record = new_record(cfg, policy, task)
-    logger = instantiate(cfg.logger)
-    record["extensions"] = policy.describe()["extensions"]
-    record["logger"] = logger.start()
-    if record["logger"] and record["logger"].get("note"):
-        record["notes"].append(record["logger"]["note"])
     budget = memory.budget_of(cfg)
     claim = None
     if cfg.skip_existing:
@@ -339,25 +399,33 @@ def run(cfg: DictConfig, lm: LoadedModel | None = None) -> dict:
             return record
     rows: list[dict] = []
     recorded = True
+    logger = None
+    serve_mode = cfg.mode == "serve"
     term = TermGuard().install()
     try:
+        record["extensions"] = policy.describe(paged=serve_mode)["extensions"]
+        logger = instantiate(cfg.logger)
+        record["logger"] = logger.start()
+        if record["logger"] and record["logger"].get("note"):
+            record["notes"].append(record["logger"]["note"])
         torch.manual_seed(cfg.seed)
         lm = load_within(cfg, budget, lm)
-        if lm.model.config.num_attention_heads != getattr(lm.model.config, "num_key_value_heads", None) and (
-            policy.needs_attention
-        ):
-            record["extensions"].append("gqa_group_mean")
-        record["attention"] = resolve_backend(cfg.gen.attention, lm.model, policy.needs_attention)  # the backend used
+        gqa = lm.model.config.num_attention_heads != getattr(lm.model.config, "num_key_value_heads", None)
+        record["extensions"] = policy.describe(gqa=gqa, paged=serve_mode)["extensions"]
         samples = task.samples(lm.tokenizer)
         ids = [task.encode(lm.tokenizer, s.prompt) for s in samples]
         record["prompts"] = prompt_stats(samples, ids)
+        if prompts is not None and [len(x) for x in ids] != prompts:  # the preflight's tokenizer is the model's
+            record["notes"].append("the preflight's prompt lengths differ from the loaded tokenizer's")
         if cfg.mode == "prompt_report":
             record["status"] = "ok"
-        elif cfg.mode == "serve":
+        elif serve_mode:
             from kvbench.serve import run as serve_run
 
+            record["attention"] = serve_run.ATTENTION
             rows = serve_run.execute(cfg, record, lm, policy, task, samples, ids, budget)
         else:
+            record["attention"] = resolve_backend(cfg.gen.attention, lm.model, policy.needs_attention)
             batch_size = fit_batch_size(record, cfg.batch_size, len(ids))
             if cfg.search.max_batch:
                 batch_size = find_batch_size(cfg, record, lm, policy, ids, budget)
@@ -365,7 +433,7 @@ def run(cfg: DictConfig, lm: LoadedModel | None = None) -> dict:
                 record["status"] = "ok"
             else:
                 rows = execute(cfg, record, lm, policy, task, samples, ids, batch_size, budget)
-    except memory.ModelDoesNotFit:  # bad input, not a measurement: no record
+    except ConfigError:  # bad input found once the model is loaded (a budget below its weights...): no record
         recorded = False
         raise
     except Exception as e:  # recorded, never lost; the caller decides whether to re-raise
@@ -378,29 +446,23 @@ def run(cfg: DictConfig, lm: LoadedModel | None = None) -> dict:
         log.error("run %s ended with %s: %s", record["run_id"], record["status"], record["error"])
     except BaseException as e:  # interrupted (Ctrl-C, SIGTERM): still leave a record, then stop
         record["status"] = "interrupted"
-        record["error"] = f"interrupted: {'SIGTERM' if isinstance(e, Terminated) else type(e).__name__}"
+        record["error"] = f"interrupted: {e.args[0] if isinstance(e, Terminated) else type(e).__name__}"
         raise
     finally:
         term.defer = True  # the record is written whole, whatever comes
         try:
-            if rows:
-                path = Path(cfg.results_dir) / "predictions" / f"{record['run_id']}.jsonl"
-                results.write_jsonl(path, rows)
-                record["predictions_path"] = str(path)
-                scores = Path(cfg.results_dir) / "scores" / f"{record['run_id']}.jsonl"
-                results.write_jsonl(scores, score_rows(rows))
-                record["scores_path"] = str(scores)
             if recorded:
-                results.append_record(cfg.results_dir, record, release=claim)
+                save(cfg, record, rows, claim)
         finally:
             results.release(cfg.results_dir, claim)
-            if term.fired:
-                log.error("run %s interrupted by SIGTERM: recorded, exiting", record["run_id"])
-            term.uninstall()  # after a SIGTERM: SystemExit(143)
+            if term.fired is not None:
+                log.error("run %s interrupted by %s: recorded, exiting", record["run_id"], SIGNALS[term.fired])
+            term.uninstall()  # after a SIGTERM / SIGINT: SystemExit(143 / 130)
     if record["status"] == "oom":
         memory.release()  # the next run of a sweep starts from the memory this one found
-    try:
-        logger.log_run(record, rows, record["config"])
-    except Exception as e:  # a tracker failure never fails a run
-        log.warning("logger failed: %s", e)
+    if logger is not None:
+        try:
+            logger.log_run(record, rows, record["config"])
+        except Exception as e:  # a tracker failure never fails a run
+            log.warning("logger failed: %s", e)
     return record

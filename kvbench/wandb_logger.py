@@ -23,9 +23,6 @@ from __future__ import annotations
 import logging
 import netrc
 import os
-import threading
-import urllib.error
-import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -65,27 +62,11 @@ def server_url() -> str:
 
 
 def reachable(url: str, timeout: float) -> bool:
-    """Whether the server at `url` gives any HTTP answer within `timeout` s (name lookup included); cached.
+    """Whether the W&B server at `url` gives any HTTP answer within `timeout` s; cached per process."""
+    from kvbench.net import answers
 
-    Any HTTP status counts (W&B itself judges the answer); no name, no route, a refused connection or
-    silence until the timeout do not.
-    """
     if url not in _reachable:
-        answered: list[bool] = []
-
-        def ask() -> None:
-            try:
-                with urllib.request.urlopen(url.rstrip("/") + "/healthz", timeout=timeout):
-                    answered.append(True)
-            except urllib.error.HTTPError:  # an answer, if not a welcome one
-                answered.append(True)
-            except (OSError, ValueError):  # URLError, timeouts, refused connections, a malformed URL
-                answered.append(False)
-
-        t = threading.Thread(target=ask, daemon=True)  # bounds a slow name lookup too
-        t.start()
-        t.join(timeout)
-        _reachable[url] = bool(answered and answered[0])
+        _reachable[url] = answers(url.rstrip("/") + "/healthz", timeout)
     return _reachable[url]
 
 

@@ -62,7 +62,9 @@ def tiny(experiment: str, mirror) -> list[str]:
     base = _compose(f"experiment={experiment}")
     out = [f"experiment={experiment}", "model=tiny-llama", "device=cpu", f"data.dir={mirror}",
            "task.n_samples=2", "task.n_shot=1", "task.max_input_tokens=512", "gen.max_new_tokens=2",
-           "batch_size=2", "policy.kv_size=64", "policy.evict_every=16"]
+           "policy.kv_size=64", "policy.evict_every=16"]
+    if base.mode != "serve":  # serve mode refuses a batch size (its scheduler batches)
+        out.append("batch_size=2")
     if "max_memory" in base.model:  # a Hub model's GPU split: not an argument of the tiny model
         out.append("~model.max_memory")
     return out

@@ -14,7 +14,8 @@ from kvbench.models.tiny import build_tiny, tiny_spec
 SPECS = {load_hub: hub_spec, load_gguf_package: gguf_spec, build_tiny: tiny_spec}
 
 __all__ = ["LoadedModel", "ModelSpec", "SPECS", "resolve_device", "resolve_dtype", "load_gguf_package", "load_hub",
-           "build_tiny", "gguf_spec", "hub_spec", "tiny_spec", "check_available", "weights_format"]
+           "build_tiny", "gguf_spec", "hub_spec", "tiny_spec", "check_available", "check_loadable", "tokenizer_of",
+           "weights_format"]
 
 # loader (`_target_` of a model config) -> what its weights are, from the config alone (no loading)
 WEIGHTS = {
@@ -26,6 +27,14 @@ WEIGHTS = {
 
 # loader -> a check that needs no loading (raises ConfigError), run by kvbench.config.validate
 CHECKS = {"kvbench.models.load_gguf_package": gguf.check}
+# loader -> what a run also needs before loading (kvbench.preflight): a Hub model cached, or the Hub answering
+LOADABLE = {"kvbench.models.load_hub": hub.check}
+# loader -> its tokenizer alone (kvbench.preflight renders the prompts with it, before any weights load)
+TOKENIZERS = {
+    "kvbench.models.load_gguf_package": gguf.tokenizer,
+    "kvbench.models.load_hub": hub.tokenizer,
+    "kvbench.models.build_tiny": tiny.tokenizer,
+}
 
 
 def check_available(cfg) -> None:
@@ -33,6 +42,20 @@ def check_available(cfg) -> None:
     check = CHECKS.get(cfg.model.get("_target_"))
     if check is not None:
         check(cfg.model)
+
+
+def check_loadable(cfg) -> None:
+    """check_available, and what a run's load needs beyond it (a Hub model cached or the Hub answering)."""
+    check_available(cfg)
+    check = LOADABLE.get(cfg.model.get("_target_"))
+    if check is not None:
+        check(cfg.model)
+
+
+def tokenizer_of(cfg):
+    """The model's tokenizer without its weights; None for a loader kvbench does not know."""
+    load = TOKENIZERS.get(cfg.model.get("_target_"))
+    return None if load is None else load(cfg.model)
 
 
 def weights_format(cfg) -> str | None:

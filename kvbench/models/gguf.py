@@ -51,6 +51,19 @@ def weights(model_cfg, dtype: str) -> str:
     return f"{quant} GGUF, dequantised to {dtype}" if m else f"{quant}, dequantised to {dtype}"
 
 
+def tokenizer(model_cfg):
+    """The tokenizer alone (the preflight renders prompts with it): the converted copy's, else the GGUF file's."""
+    from transformers import AutoTokenizer
+
+    gguf = package_dir(str(model_cfg.get("package")), model_cfg.get("name")) / str(model_cfg.get("gguf_file"))
+    if not gguf.exists():
+        raise ConfigError("model.gguf_file", f"not found in package {model_cfg.get('package')}", model_cfg.get("gguf_file"))
+    target = _converted_dir(gguf, str(model_cfg.get("name")))
+    if model_cfg.get("use_cache", True) and (target / "tokenizer_config.json").exists():
+        return AutoTokenizer.from_pretrained(target)
+    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
 def cache_root() -> Path:
     return Path(os.environ.get("KVBENCH_CACHE", Path.home() / ".cache" / "kvbench"))
 

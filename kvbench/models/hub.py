@@ -8,10 +8,12 @@ layer's device.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
 
+from kvbench.errors import ConfigError
 from kvbench.models.base import LoadedModel, ModelSpec, finish, resolve_device, resolve_dtype
 
 # The paper's models' config.json, shipped so kvbench-plan needs no Hub (the weights still come from it)
@@ -22,8 +24,47 @@ SHIPPED_CONFIGS = {
 CONFIG_DIR = Path(__file__).parent / "configs"
 
 
+HUB_TIMEOUT = 5.0  # seconds the Hub has to answer before a run that needs it is refused
+_answers: dict[str, bool] = {}
+
+
 def weights(model_cfg, dtype: str) -> str:
     return f"Hub checkpoint {model_cfg.get('pretrained')}, loaded as {dtype}"
+
+
+def offline() -> bool:
+    """HF_HUB_OFFLINE is set (read now, not when huggingface_hub was imported)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def check(model_cfg) -> None:
+    """Before a run loads anything: the model is a local folder, in the local Hugging Face cache, or the Hub
+    answers within HUB_TIMEOUT. Otherwise one line saying how to get it (transformers would retry for about
+    a minute, then print a long error)."""
+    pretrained = str(model_cfg.get("pretrained"))
+    if Path(pretrained).expanduser().is_dir():
+        return
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(pretrained, "config.json", revision=model_cfg.get("revision")), str):
+        return
+    from kvbench.net import answers
+
+    if offline() or not answers(constants.ENDPOINT, HUB_TIMEOUT, _answers):
+        why = "HF_HUB_OFFLINE is set" if offline() else f"{constants.ENDPOINT} did not answer within {HUB_TIMEOUT:g} s"
+        raise ConfigError(
+            "model.pretrained",
+            f"is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) and the Hub cannot be reached ({why}): "
+            f"download it where the Hub answers (`hf download {pretrained}`) and copy that cache here (HF_HOME), or "
+            "give model.pretrained a local folder", pretrained,
+        )
+
+
+def tokenizer(model_cfg):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_cfg.get("pretrained")), revision=model_cfg.get("revision"),
+                                         trust_remote_code=bool(model_cfg.get("trust_remote_code", False)))
 
 
 def load_hub(
@@ -67,7 +108,12 @@ def hub_config(pretrained: str, revision: str | None = None, trust_remote_code: 
         values = json.loads((CONFIG_DIR / SHIPPED_CONFIGS[pretrained]).read_text())
         values = {k: v for k, v in values.items() if not k.startswith("_")}
         return AutoConfig.for_model(values.pop("model_type"), **values)
-    return AutoConfig.from_pretrained(pretrained, revision=revision, trust_remote_code=trust_remote_code)
+    check({"pretrained": pretrained, "revision": revision})  # not cached and no Hub: one line, no retries
+    try:
+        return AutoConfig.from_pretrained(pretrained, revision=revision, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:  # no such repository, no config.json, a gated model...
+        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+        raise ConfigError("model.pretrained", f"its config cannot be read: {first}", pretrained) from None
 
 
 def hub_spec(

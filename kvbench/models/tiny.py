@@ -63,6 +63,10 @@ def tiny_config(arch: str, vocab_size: int = 288, layers: int = 2):
     raise ConfigError("model.arch", "must be llama or phi3", arch)
 
 
+def tokenizer(model_cfg):
+    return byte_tokenizer()
+
+
 def weights(model_cfg, dtype: str) -> str:
     return f"random initialisation (seed {model_cfg.get('seed', 0)}), {dtype}"
 

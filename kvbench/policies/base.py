@@ -15,7 +15,13 @@ keeps the `protect_first` sinks and the newest pairs by slicing, with no score, 
 Budgets: `kv_size` pairs per (layer, sample), or with `kv_ratio` that share of each sample's own prompt
 length (samples of one batch then hold different budgets; the way kvpress and most papers state a
 budget, "50% KV"). A budget is never below `min_budget` (evict_every + the protected pairs + 1: an
-eviction must leave a choice); `layer_budgets` may give layers different budgets (PyramidKV).
+eviction must leave a choice); `layer_budgets` may give layers different budgets (PyramidKV);
+`recent_pairs` says how many of the newest pairs a budget protects (H2O: half of it).
+
+Departures from the published method (`describe()["extensions"]`, in every record) are derived from
+what a policy declares: `published_schedule` (decode_only, prefill_and_decode, or after_prefill: a
+one-off compression of the prompt), `published_evict_every` (1 for the per-token methods) and
+`gqa_note` (how its score aggregates the query heads of a KV group, said on GQA models only).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import torch
 from kvbench.errors import ConfigError
 
 SCHEDULES = ("prefill_and_decode", "decode_only")
+AFTER_PREFILL = "after_prefill"  # a published schedule only: compress the prompt once, keep every generated token
 
 
 @dataclass
@@ -63,17 +70,6 @@ class ScoreStats:
     scale: float | None = None
 
 
-def once_after_prefill(policy: Policy) -> list[str]:
-    """Departures of a policy published as a one-off compression of the prompt after prefill
-    (SnapKV, Knorm, KeyDiff, random as in kvpress) under kvbench's schedules."""
-    if not policy.evicts:
-        return []
-    if policy.schedule == "prefill_and_decode":
-        return ["evicts during prefill, block by block (published: once, after the whole prompt)",
-                f"evicts {policy.evict_every} pairs whenever the cache is full while decoding (published: never)"]
-    return [f"evicts {policy.evict_every} pairs whenever the cache is full while decoding (published: never)"]
-
-
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -91,6 +87,9 @@ class Policy:
     kv_ratio: float | None = None  # budget = this share of each sample's prompt (replaces kv_size when set)
 
     name: ClassVar[str] = "base"
+    published_schedule: ClassVar[str | None] = None  # None: no published schedule to depart from
+    published_evict_every: ClassVar[int | None] = None  # e.g. 1: published as one pair per token
+    gqa_note: ClassVar[str | None] = None  # the departure on GQA models (several query heads per KV head)
     needs_attention: ClassVar[bool] = False
     # True: `score` is the position (newer = keep), so an eviction keeps the protect_first sinks and the
     # newest pairs; KVCache.evict slices them into place instead of scoring, sorting and gathering
@@ -167,6 +166,10 @@ class Policy:
         """The smallest budget an eviction can honour: evict_every pairs go, the protected ones and one more stay."""
         return self.evict_every + self.protect_first + self.protect_recent + 1
 
+    def recent_pairs(self, budgets: torch.Tensor) -> torch.Tensor:
+        """The newest pairs protected in samples holding these budgets (same shape): `protect_recent`."""
+        return torch.full_like(budgets, self.protect_recent)
+
     def sample_budgets(self, lengths: list[int]) -> torch.Tensor:
         """(B,) pairs each sample may hold: kv_size, or ceil(kv_ratio x its prompt length), at least min_budget."""
         if self.kv_ratio is None:
@@ -204,10 +207,31 @@ class Policy:
         return 0
 
     # ----------------------------------------------------------------- reporting
-    def describe(self) -> dict:
-        """Hyper-parameters and the ways this run departs from the paper's setting."""
+    def schedule_departures(self) -> list[str]:
+        """How `schedule` departs from `published_schedule` (nothing when it is the published one)."""
+        published, pd = self.published_schedule, self.schedule == "prefill_and_decode"
+        if published == AFTER_PREFILL:  # a one-off compression of the prompt (SnapKV, Knorm, KeyDiff, as in kvpress)
+            ext = ["evicts during prefill, block by block (published: once, after the whole prompt)"] if pd else []
+            return ext + ["evicts again whenever the cache is full while decoding (published: never)"]
+        if published == "decode_only" and pd:
+            return ["evicts during prefill too, block by block (published: decoding only)"]
+        if published == "prefill_and_decode" and not pd:
+            return ["schedule=decode_only: the whole prompt is held until the first decode step (published: evicts "
+                    "during prefill and decode)"]
+        return []
+
+    def describe(self, gqa: bool = False, paged: bool = False) -> dict:
+        """Hyper-parameters and the ways this run departs from the published method (`gqa`: the model has
+        several query heads per KV head; `paged`: mode=serve, which evicts whole blocks, not evict_every pairs)."""
         d = {"policy": self.name, **asdict(self)}
         ext = []
+        if self.evicts:
+            ext += self.schedule_departures()
+        p = self.published_evict_every
+        if self.evicts and not paged and p is not None and self.evict_every != p:
+            ext.append(f"evict_every={self.evict_every} (published: {self.published_evict_every} pair per token)")
+        if gqa and self.evicts and self.gqa_note:
+            ext.append(self.gqa_note)
         if self.protect_first:
             ext.append(f"protect_first={self.protect_first}")
         if self.protect_recent:

@@ -1,6 +1,7 @@
 """H2O (heavy hitters): score = attention summed over every query so far; the most recent half of
-the budget is protected (protect_recent defaults to kv_size // 2). Originally decoding-only, one
-pair per step (p = 1); runs under prefill_and_decode too.
+the budget is protected (`protect_recent=null`: half of each sample's budget, kv_size // 2 or, with
+`kv_ratio`, half of each prompt's own budget). Originally decoding-only, one pair per step (p = 1);
+runs under prefill_and_decode too (listed in `extensions`).
 """
 
 from dataclasses import dataclass
@@ -8,7 +9,7 @@ from typing import ClassVar
 
 import torch
 
-from kvbench.policies.base import Policy, ScoreStats
+from kvbench.policies.base import Policy, ScoreStats, _is_int
 
 
 @dataclass
@@ -16,20 +17,40 @@ class H2O(Policy):
     kv_size: int | None = 256
     evict_every: int = 1
     schedule: str = "decode_only"
-    protect_recent: int | None = None  # None: kv_size // 2
+    protect_recent: int | None = None  # None: half the budget (kv_size // 2, or each sample's own with kv_ratio)
     name: ClassVar[str] = "h2o"
+    published_schedule: ClassVar[str] = "decode_only"
+    published_evict_every: ClassVar[int] = 1
+    gqa_note: ClassVar[str] = ("gqa_group_mean: the attention a pair receives is averaged over the query heads of "
+                               "its KV group (published on multi-head models)")
     needs_attention: ClassVar[bool] = True
 
     def validate(self) -> None:
-        if self.protect_recent is None and isinstance(self.kv_size, int):
+        if self.protect_recent is None and self.kv_ratio is None and _is_int(self.kv_size):
             self.protect_recent = self.kv_size // 2
-        super().validate()
+        if self.protect_recent is None:  # kv_ratio: half of each sample's own budget (recent_pairs)
+            self.protect_recent = 0  # validated as "nothing fixed" (the YAML's kv_size plays no part)
+            try:
+                super().validate()
+            finally:
+                self.protect_recent = None
+        else:
+            super().validate()
+
+    @property
+    def min_budget(self) -> int:
+        if self.protect_recent is None:  # ceil(k / 2) pairs beyond the protected half must cover p + sinks + 1
+            return 2 * (self.evict_every + self.protect_first) + 1
+        return super().min_budget
+
+    def recent_pairs(self, budgets: torch.Tensor) -> torch.Tensor:
+        return budgets // 2 if self.protect_recent is None else super().recent_pairs(budgets)
 
     def score(self, stats: ScoreStats) -> torch.Tensor:
         return stats.sum_w
 
-    def describe(self) -> dict:
-        d = super().describe()
-        half = self.kv_size // 2
-        d["extensions"] = [e for e in d["extensions"] if e != f"protect_recent={half}"]  # H2O's own default
+    def describe(self, gqa: bool = False, paged: bool = False) -> dict:
+        d = super().describe(gqa, paged)
+        if self.kv_size is not None:  # H2O's own default (half the budget) is no departure
+            d["extensions"] = [e for e in d["extensions"] if e != f"protect_recent={self.kv_size // 2}"]
         return d

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import torch
 
-from kvbench.policies.base import Policy, ScoreStats, once_after_prefill
+from kvbench.policies.base import AFTER_PREFILL, Policy, ScoreStats
 
 
 @dataclass
@@ -20,6 +20,7 @@ class KeyDiff(Policy):
     evict_every: int = 64
     schedule: str = "decode_only"
     name: ClassVar[str] = "keydiff"
+    published_schedule: ClassVar[str] = AFTER_PREFILL
     needs_keys: ClassVar[bool] = True
 
     def score(self, stats: ScoreStats) -> torch.Tensor:
@@ -36,8 +37,3 @@ class KeyDiff(Policy):
     def score_bytes(self, *, layers, rows, kv_heads, q_heads, pairs, head_dim, elem) -> int:
         half = layers * rows * kv_heads * pairs * head_dim * 4 if elem != 4 else 0  # float32 copy for the norm
         return half + 4 * layers * rows * kv_heads * pairs * 4  # norm, weights, cosine, its quotient
-
-    def describe(self) -> dict:
-        d = super().describe()
-        d["extensions"] += once_after_prefill(self)
-        return d

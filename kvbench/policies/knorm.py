@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import torch
 
-from kvbench.policies.base import Policy, ScoreStats, once_after_prefill
+from kvbench.policies.base import AFTER_PREFILL, Policy, ScoreStats
 
 
 @dataclass
@@ -21,6 +21,7 @@ class Knorm(Policy):
     evict_every: int = 64
     schedule: str = "decode_only"
     name: ClassVar[str] = "knorm"
+    published_schedule: ClassVar[str] = AFTER_PREFILL
     needs_keys: ClassVar[bool] = True
 
     def score(self, stats: ScoreStats) -> torch.Tensor:
@@ -28,8 +29,3 @@ class Knorm(Policy):
 
     def score_bytes(self, *, layers, rows, kv_heads, q_heads, pairs, head_dim, elem) -> int:
         return layers * rows * kv_heads * pairs * head_dim * 4 if elem != 4 else 0  # the float32 copy of half keys
-
-    def describe(self) -> dict:
-        d = super().describe()
-        d["extensions"] += once_after_prefill(self)
-        return d

@@ -58,8 +58,8 @@ class PyramidKV(SnapKV):
         out = out + (rank < short[None]).to(out.dtype)
         return out.long()
 
-    def describe(self) -> dict:
-        d = super().describe()
+    def describe(self, gqa: bool = False, paged: bool = False) -> dict:
+        d = super().describe(gqa, paged)
         k = self.kv_size
         note = f"per-layer budgets from bottom to top, beta={self.beta}, averaging the budget"
         if k is not None:

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import torch
 
-from kvbench.policies.base import Policy, ScoreStats, once_after_prefill
+from kvbench.policies.base import AFTER_PREFILL, Policy, ScoreStats
 
 MASK = 0x7FFFFFFF  # products of a 31-bit value and a 31-bit multiplier stay below 2**62: no int64 overflow
 
@@ -32,6 +32,7 @@ class Random(Policy):
     schedule: str = "decode_only"
     seed: int = 0
     name: ClassVar[str] = "random"
+    published_schedule: ClassVar[str] = AFTER_PREFILL
 
     def score(self, stats: ScoreStats) -> torch.Tensor:
         L, B, H, N = stats.pos.shape
@@ -40,8 +41,3 @@ class Random(Policy):
         for v in (stats.layers, head, stats.last, stats.pos):  # chained: hash(hash(...) + v)
             x = mix((x + v.long()) & MASK)
         return x.float() / 2**31  # (L, B, H, N) in [0, 1)
-
-    def describe(self) -> dict:
-        d = super().describe()
-        d["extensions"] += once_after_prefill(self)
-        return d

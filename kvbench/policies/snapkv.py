@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from kvbench.errors import ConfigError
-from kvbench.policies.base import Policy, ScoreStats, _is_int, once_after_prefill
+from kvbench.policies.base import AFTER_PREFILL, Policy, ScoreStats, _is_int
 
 POOLINGS = ("max", "avg")
 LAYER_CHUNK = 4
@@ -45,6 +45,8 @@ class SnapKV(Policy):
     kernel: int = 7
     pooling: str = "max"
     name: ClassVar[str] = "snapkv"
+    published_schedule: ClassVar[str] = AFTER_PREFILL
+    gqa_note: ClassVar[str] = "GQA models: pooled per query head, then averaged over the query heads of a KV group"
     needs_keys: ClassVar[bool] = True
 
     @property
@@ -58,9 +60,18 @@ class SnapKV(Policy):
             raise ConfigError("policy.kernel", "must be a positive odd integer", self.kernel)
         if self.pooling not in POOLINGS:
             raise ConfigError("policy.pooling", f"must be one of {', '.join(POOLINGS)}", self.pooling)
-        if self.protect_recent is None:
+        own_window = self.protect_recent is None
+        if own_window:
             self.protect_recent = self.window
-        super().validate()
+        try:
+            super().validate()
+        except ConfigError as e:
+            if own_window and e.key == "policy.protect_recent":  # the user set the window, not protect_recent
+                keep = self.kv_size - self.evict_every
+                raise ConfigError("policy.window", f"the observation window is kept (protect_recent=null): with "
+                                  f"protect_first={self.protect_first} it must not exceed kv_size - evict_every = "
+                                  f"{keep} (an eviction must leave pairs to choose from)", self.window) from None
+            raise
 
     def score(self, stats: ScoreStats) -> torch.Tensor:
         keys, queries = stats.keys, stats.queries  # (L, B, H, N, D), (L, B, Hq, W, D)
@@ -97,13 +108,12 @@ class SnapKV(Policy):
         logits = lc * rows * q_heads * self.window * pairs * per
         return logits + 2 * lc * rows * kv_heads * self.window * pairs + 3 * lc * rows * q_heads * pairs * 4
 
-    def describe(self) -> dict:
-        d = super().describe()
+    def describe(self, gqa: bool = False, paged: bool = False) -> dict:
+        d = super().describe(gqa, paged)
         ext = [e for e in d["extensions"] if e != f"protect_recent={self.window}"]  # its own window
-        ext += once_after_prefill(self)
         if self.evicts_in_prefill:
-            ext.append(f"prefill: the last {self.window} queries before each block attend over the {self.kv_size} "
+            held = "budget's" if self.kv_size is None else f"{self.kv_size}"
+            ext.append(f"prefill: the last {self.window} queries before each block attend over the {held} "
                        "pairs held (published: over the whole prompt)")
-        ext.append("GQA models: pooled per query head, then averaged over the query heads of a KV group")
         d["extensions"] = ext
         return d

@@ -16,13 +16,12 @@ class StreamingLLM(Window):
     evict_every: int = 64
     protect_first: int = 4
     name: ClassVar[str] = "streaming_llm"
+    published_evict_every: ClassVar[int] = 1
 
-    def describe(self) -> dict:
-        d = super().describe()
+    def describe(self, gqa: bool = False, paged: bool = False) -> dict:
+        d = super().describe(gqa, paged)
         # its own sinks, and re-rotation is what StreamingLLM publishes
         ext = [e for e in d["extensions"] if e != "protect_first=4" and not e.startswith("rerotate:")]
-        if self.evict_every > 1:
-            ext.append(f"evict_every={self.evict_every} (published: one pair per token)")
         if not self.rerotate:
             ext.append("source positions kept (published re-indexes positions in the cache: policy.rerotate=true)")
         d["extensions"] = ext

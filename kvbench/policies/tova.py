@@ -23,6 +23,8 @@ class TOVA(Policy):
     schedule: str = "decode_only"
     per_kv_head: bool = False
     name: ClassVar[str] = "tova"
+    published_schedule: ClassVar[str] = "decode_only"
+    published_evict_every: ClassVar[int] = 1
     needs_attention: ClassVar[bool] = True
 
     def score(self, stats: ScoreStats) -> torch.Tensor:
@@ -31,13 +33,9 @@ class TOVA(Policy):
         # the mean over KV heads of the group means = the mean over all query heads (equal groups)
         return stats.last_w.mean(dim=2, keepdim=True).expand_as(stats.last_w)
 
-    def describe(self) -> dict:
-        d = super().describe()
-        if self.per_kv_head:
+    def describe(self, gqa: bool = False, paged: bool = False) -> dict:
+        d = super().describe(gqa, paged)
+        if self.per_kv_head and self.evicts:
             d["extensions"].append("per_kv_head: scores per KV head (GQA group mean), heads evict different "
                                    "positions (published TOVA averages all heads of a layer)")
-        if self.evicts and self.evict_every > 1:
-            d["extensions"].append(f"evict_every={self.evict_every} (published: one pair per token)")
-        if self.evicts_in_prefill:
-            d["extensions"].append("evicts during prefill (published: decoding only)")
         return d

@@ -2,7 +2,9 @@
 
 The clock advances by each step's measured wall time (CUDA synchronised); when nothing is running
 or waiting it jumps to the next arrival instead of sleeping (idle time costs nothing and changes
-no measurement). Each step appends one timeline point (clock, pool blocks used, running, waiting).
+no measurement). Each step appends one timeline point (clock, pool blocks used, running, waiting), the
+first two as they were during the step: taken once the step's blocks are allocated and before the
+requests it finished give theirs back, so the peak is the step's own.
 A request finishes at `max_new_tokens` or at EOS (unless `ignore_eos`); its output keeps the EOS
 like the static engine's, and its blocks go back to the pool at once.
 """
@@ -50,6 +52,13 @@ def max_blocks(req: Request, rule: BlockRule) -> int:
     return blocks_for(min(total, max(len(req.prompt), rule.kv_size) + rule.block_size), rule.block_size)
 
 
+def too_small(req: Request, rule: BlockRule, num_blocks: int) -> str:
+    """Why a pool of `num_blocks` can never hold `req` (one line)."""
+    return (f"a pool of {num_blocks} blocks of {rule.block_size} tokens can never hold request {req.rid} "
+            f"({len(req.prompt)} prompt tokens + {req.max_new_tokens} new): alone it needs {max_blocks(req, rule)} "
+            "blocks under this policy and schedule")
+
+
 def _sync(device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -73,9 +82,7 @@ def serve(
     rule = BlockRule.of(policy, block_size)
     for r in requests:
         if max_blocks(r, rule) > num_blocks:
-            raise ConfigError(
-                "serve.num_blocks", f"request {r.rid} alone needs {max_blocks(r, rule)} blocks; the pool has", num_blocks
-            )
+            raise ConfigError("serve.num_blocks", too_small(r, rule, num_blocks), num_blocks)
     runner = ModelRunner(model, num_blocks, block_size, policy, block_score)
     bm = BlockManager(num_blocks, block_size)
     evictor = runner.evictor if policy.evicts else None
@@ -94,6 +101,7 @@ def serve(
                 continue
             t0 = time.perf_counter()
             plan = sched.schedule()
+            used, running = bm.num_used, len(sched.running)  # during this step, before finished requests leave
             if not plan.scheduled:
                 if plan.preempted:
                     continue
@@ -119,7 +127,7 @@ def serve(
                         left -= 1
                         if progress is not None:
                             progress.update(1)
-            out.timeline.append((clock, bm.num_used, len(sched.running), len(sched.waiting)))
+            out.timeline.append((clock, used, running, len(sched.waiting)))
     out.wall_s = clock
     out.preemptions, out.recomputed_tokens = sched.preemptions, sched.recomputed_tokens
     out.evicted_blocks = sum(r.evicted_blocks for r in requests)

@@ -2,7 +2,10 @@
 
 Called by `kvbench.runner.run` after the model, task and policy are built; fills the record
 (`mode: serve`, the task metric over completed requests with the task's own scorers, the serving
-metrics under `serve`) and returns the prediction rows (with each request's timings).
+metrics under `serve`) and returns the prediction rows (with each request's timings). What the static
+engine's fields would claim and serve mode does not apply stays null (`batch_size`: the scheduler
+batches; `evict_every`: whole blocks go, the fewest that keep a request in budget); `attention` is
+`paged_sdpa` (SDPA over each request's gathered pages, statistics from a separate pass).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ def pool_blocks(cfg: DictConfig, lm, policy, budget: memory.Budget | None) -> in
         num_layers=len(geo["layer_devices"]), block_size=cfg.serve.block_size, num_kv_heads=geo["num_kv_heads"],
         head_dim=geo["head_dim"], dtype=geo["dtype"], track_attention=policy.needs_attention,
     )
-    free = budget.bytes - sum(memory.ModelShape.of(lm.model).weights.values())
+    free = budget.usable - sum(memory.ModelShape.of(lm.model).weights.values())  # memory.reserve_gb is not the pool's
     n = free // per_block
     if n <= 0:
         raise ConfigError("memory.budget_gb", "leaves no room for a single KV block after the weights", budget.gb)
@@ -48,6 +51,9 @@ def extensions(cfg: DictConfig, policy) -> list[str]:
         if policy.protect_first % s.block_size:
             ext.append(f"serve_protect_first_rounded_up_to_blocks({policy.protect_first})")
     return ext
+
+
+ATTENTION = "paged_sdpa"  # the record's `attention`: SDPA over gathered pages (kvbench.serve.attention)
 
 
 def execute(cfg: DictConfig, record: dict, lm, policy, task, samples, ids, budget=None) -> list[dict]:
@@ -73,6 +79,10 @@ def execute(cfg: DictConfig, record: dict, lm, policy, task, samples, ids, budge
     record.update(
         status="ok",
         mode="serve",
+        batch_size=None,
+        evict_every=None,
+        kv_budget={"by": "kv_size", "min": policy.kv_size, "max": policy.kv_size, "per_layer": False}
+        if policy.evicts else None,
         metrics=task_metrics,
         output_tokens=lengths,
         throughput_tok_s=summary["output_tok_s"],

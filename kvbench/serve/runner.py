@@ -62,12 +62,17 @@ class ModelRunner:
         """The n lowest-scored evictable blocks of `req` (its policy's pair scores, aggregated per block)."""
         slots = self.pool.slots(req.blocks, req.n_slots).to(self.device)  # (N,)
         L, _, H = self.pool.k.shape[:3]
+        N = slots.shape[0]
         pos = self.pool.pos[slots][None, None, None, :].expand(L, 1, H, -1)  # (L, 1, H, N)
         last = torch.full((1, 1, 1, 1), req.num_computed - 1, device=self.device)
-        sw = lw = None
+        sw = lw = keys = None
         if self.pool.track:
             sw = self.pool.sum_w[:, slots].transpose(1, 2)[:, None]  # (L, 1, H, N)
             lw = self.pool.last_w[:, slots].transpose(1, 2)[:, None]
-        stats = ScoreStats(pos=pos, last=last, sum_w=sw, last_w=lw)
+        if self.policy.needs_keys:  # Knorm, KeyDiff: the request's cached keys, as stored (RoPE applied)
+            keys = self.pool.k[:, slots].transpose(1, 2)[:, None]  # (L, 1, H, N, D)
+        stats = ScoreStats(pos=pos, last=last, sum_w=sw, last_w=lw, keys=keys,
+                           n=torch.full((1, 1, 1, 1), N, device=self.device),
+                           layers=torch.arange(L, device=self.device)[:, None, None, None])
         scores = block_scores(self.policy, stats, self.pool.block_size, self.block_score).cpu()
         return choose_blocks(scores, candidates, n)

@@ -1,0 +1,106 @@
+"""What a run needs beyond its config's own checks (`kvbench.config.validate`), checked before any model loads.
+
+`check_run(cfg)`, called by the CLI's preflight for every job of a command line and again by the runner:
+
+- the model's files can be had: the default model's package is installed, a Hub model is in the local
+  cache or the Hub answers within seconds (no retries: one line saying how to get it);
+- the prompts: the task's samples rendered with the model's tokenizer alone (no weights), so a task limit
+  that cannot be met (`task.max_input_tokens` below a prompt's fixed part) stops here, not after loading;
+- mode=serve: a pool (`serve.num_blocks`) that can hold each request alone under the policy and schedule
+  (a decode_only request holds its whole prompt, the full cache its whole sequence);
+- last, the results folder and its runs.jsonl can be written (a probe file; runs.jsonl opened for
+  appending), so a run never computes everything and then fails to save it.
+
+Prompt lengths are cached per (model, task, data) for the process: a sweep renders each task once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from kvbench.config import build_policy, build_task
+from kvbench.errors import ConfigError
+from kvbench.results import RUNS
+
+_lengths: dict[str, list[int] | None] = {}
+NOT_TOKENIZER = ("device", "dtype")  # model keys that do not change the tokenizer
+
+
+def check_run(cfg: DictConfig) -> list[int] | None:
+    """Every check above; returns the prompts' token counts (None for a loader kvbench does not know)."""
+    from kvbench.models import check_loadable
+
+    check_loadable(cfg)
+    lengths = prompt_lengths(cfg)
+    if lengths is not None:
+        check_pool(cfg, lengths)
+    check_results_dir(cfg.results_dir)
+    return lengths
+
+
+def prompt_lengths(cfg: DictConfig) -> list[int] | None:
+    """Token count of every prompt the run gives the model, rendered with its tokenizer alone (cached)."""
+    from kvbench.models import tokenizer_of
+
+    model = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if k not in NOT_TOKENIZER}
+    key = json.dumps([model, OmegaConf.to_container(cfg.task, resolve=True), cfg.data.dir], sort_keys=True,
+                     default=str)
+    if key not in _lengths:
+        try:
+            tok = tokenizer_of(cfg)
+        except (OSError, ValueError) as e:  # damaged or missing tokenizer files (ConfigError passes through)
+            if isinstance(e, ConfigError):
+                raise
+            first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+            raise ConfigError("model", f"its tokenizer cannot be loaded: {first}", cfg.model.get("name")) from None
+        if tok is None:
+            return None
+        task = build_task(cfg)
+        samples = task.samples(tok)  # a task limit that cannot be met is a ConfigError here
+        lengths = [len(task.encode(tok, s.prompt)) for s in samples]
+        empty = [s.index for s, n in zip(samples, lengths, strict=True) if n == 0]
+        if empty:
+            raise ConfigError("task", f"row {empty[0]} renders to an empty prompt", task.name)
+        _lengths[key] = lengths
+    return _lengths[key]
+
+
+def check_pool(cfg: DictConfig, lengths: list[int]) -> None:
+    """mode=serve with a fixed pool: each request alone fits it (else the engine would wait forever)."""
+    if cfg.mode != "serve" or cfg.serve.num_blocks is None:
+        return
+    from kvbench.serve.engine import max_blocks, too_small
+    from kvbench.serve.evict import BlockRule
+    from kvbench.serve.request import Request
+
+    rule = BlockRule.of(build_policy(cfg), cfg.serve.block_size)
+    for i, n in enumerate(lengths):
+        req = Request(rid=i, prompt=[0] * n, max_new_tokens=cfg.gen.max_new_tokens)
+        if max_blocks(req, rule) > cfg.serve.num_blocks:
+            raise ConfigError("serve.num_blocks", too_small(req, rule, cfg.serve.num_blocks), cfg.serve.num_blocks)
+
+
+def check_results_dir(results_dir: str) -> None:
+    """The results folder exists or can be made, and it and its runs.jsonl can be written."""
+    d = Path(results_dir)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError("results_dir", f"cannot be made: {e.strerror or e}", results_dir) from None
+    for name, is_file in ((RUNS, True), ("predictions", False), ("scores", False)):
+        path = d / name
+        if path.exists() and path.is_file() != is_file:
+            raise ConfigError("results_dir", f"{path} must be a {'file' if is_file else 'folder'}", results_dir)
+    try:
+        fd, probe = tempfile.mkstemp(dir=d, prefix=".kvbench-write-check-")
+        os.close(fd)
+        os.unlink(probe)
+        with open(d / RUNS, "ab"):
+            pass
+    except OSError as e:
+        raise ConfigError("results_dir", f"cannot be written: {e.strerror or e}", results_dir) from None
