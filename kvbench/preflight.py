@@ -17,15 +17,13 @@ Prompt lengths are cached per (model, task, data) for the process: a sweep rende
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from kvbench.config import build_policy, build_task
 from kvbench.errors import ConfigError
-from kvbench.results import RUNS
+from kvbench.results import RUNS, probe_writable
 
 _lengths: dict[str, list[int] | None] = {}
 NOT_TOKENIZER = ("device", "dtype")  # model keys that do not change the tokenizer
@@ -88,18 +86,12 @@ def check_pool(cfg: DictConfig, lengths: list[int]) -> None:
 def check_results_dir(results_dir: str) -> None:
     """The results folder exists or can be made, and it and its runs.jsonl can be written."""
     d = Path(results_dir)
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError("results_dir", f"cannot be made: {e.strerror or e}", results_dir) from None
     for name, is_file in ((RUNS, True), ("predictions", False), ("scores", False)):
         path = d / name
         if path.exists() and path.is_file() != is_file:
             raise ConfigError("results_dir", f"{path} must be a {'file' if is_file else 'folder'}", results_dir)
     try:
-        fd, probe = tempfile.mkstemp(dir=d, prefix=".kvbench-write-check-")
-        os.close(fd)
-        os.unlink(probe)
+        probe_writable(d)
         with open(d / RUNS, "ab"):
             pass
     except OSError as e:

@@ -41,6 +41,7 @@ import csv
 import hashlib
 import json
 import logging
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,7 +49,7 @@ from omegaconf import OmegaConf
 
 from kvbench import compare
 from kvbench.config import CONF_DIR, ReproduceConfig, record_hash
-from kvbench.results import read_records
+from kvbench.results import probe_writable, read_records
 
 METHODS = {"extreme_decode": "ED", "full": "FKV", "batch_max": "BM", "window": "Window", "h2o": "H2O", "tova": "TOVA"}
 SCHEDULES = {"prefill_and_decode": "P&D", "decode_only": "D"}
@@ -75,12 +76,14 @@ class Row:
     oom: bool = False
     ci: tuple[float, float] | None = field(default=None, compare=False)  # the metric's 95% bootstrap interval
     run_id: str | None = field(default=None, compare=False)
+    serve: bool = False  # a mode=serve run: no batch size (the scheduler batches), b is 0
 
     def cells(self) -> list[str]:
         kv = "-" if self.kv is None else str(self.kv)
         if self.oom:
             return [self.method, f"(b={self.b} OOM)", kv, "-", "-"]
-        return [self.method, str(self.b), kv, with_ci(self.metric, self.ci), f"{self.tok_s:.1f}"]
+        b = "serve" if self.serve else str(self.b)
+        return [self.method, b, kv, with_ci(self.metric, self.ci), f"{self.tok_s:.1f}"]
 
 
 def with_ci(value: float, ci, digits: int = 3, sign: str = "") -> str:
@@ -171,7 +174,8 @@ def unusable(rec: dict) -> str | None:
         return "metrics is not a mapping"
     if not isinstance(rec.get("search") or {}, dict):
         return "search is not a mapping"
-    if rec.get("status") == "ok" and _int(rec.get("batch_size")) is None and not (rec.get("search") or {}):
+    if rec.get("status") == "ok" and _int(rec.get("batch_size")) is None and not (rec.get("search") or {}) and (
+            rec.get("mode") != "serve"):
         return "no batch size"
     return None
 
@@ -208,6 +212,8 @@ class Table:
     def title(self) -> str:
         model, task, n, new = self.key[:4]
         head = f"{model} · {task} · {n} samples · {new} new tokens · {self.key[5]} attention"
+        if json.loads(self.key[4]).get("mode") == "serve":  # continuous batching, not static batches
+            head += " · serving mode"
         return head + (f" · {self.differs}" if self.differs else "")
 
     @property
@@ -355,7 +361,8 @@ def tables(records: list[dict], near_fkv: float, results_dir: str | Path | None 
         metric = metric_key(recs)
         runs, ooms, labelled = [], set(), []
         for r in recs:
-            m, kv, b = method_of(r, defaults), r.get("kv_size"), _int(r.get("batch_size"))
+            serve = r.get("mode") == "serve"
+            m, kv, b = method_of(r, defaults), r.get("kv_size"), 0 if serve else _int(r.get("batch_size"))
             search = r.get("search") or {}
             labelled.append((m, r))
             first = _int(search.get("first_oom_batch_size"))
@@ -367,7 +374,8 @@ def tables(records: list[dict], near_fkv: float, results_dir: str | Path | None 
             elif b is not None and _number(r.get("throughput_tok_s")) and _number((r.get("metrics") or {}).get(metric)):
                 samples = compare.load(r, results_dir, cache) if results_dir is not None else None
                 ci = compare.metric_ci(r, metric, samples)
-                runs.append(Row(m, b, kv, r["metrics"][metric], r["throughput_tok_s"], ci=ci, run_id=r.get("run_id")))
+                runs.append(Row(m, b, kv, r["metrics"][metric], r["throughput_tok_s"], ci=ci, run_id=r.get("run_id"),
+                                serve=serve))
             if first:
                 ooms.add(Row(m, first, kv, oom=True))
         t = Table(key, metric, runs, sorted(ooms, key=order), labelled, near_fkv, differs[key],
@@ -597,7 +605,13 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if not (Path(args.results_dir) / "runs.jsonl").is_file():
         p.error(f"{args.results_dir} has no runs.jsonl")
-    written = write_report(args.results_dir, args.out, args.near_fkv, plots=not args.no_plots)
+    out = Path(args.out or args.results_dir)
+    try:
+        probe_writable(out)  # before any file: never a report half written
+        written = write_report(args.results_dir, args.out, args.near_fkv, plots=not args.no_plots)
+    except OSError as e:
+        print(f"kvbench-report: error: cannot write into {out}: {e.strerror or e}", file=sys.stderr)
+        sys.exit(2)
     print(json.dumps({k: str(v) for k, v in written.items()}, indent=1))
 
 

@@ -98,6 +98,15 @@ def read_records(results_dir: str | Path, required: tuple[str, ...] = REQUIRED) 
     return out
 
 
+def probe_writable(folder: str | Path) -> None:
+    """Make `folder` if needed and write (then remove) a probe file in it; OSError when it cannot be written."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, probe = tempfile.mkstemp(dir=folder, prefix=".kvbench-write-check-")
+    os.close(fd)
+    os.unlink(probe)
+
+
 def write_jsonl(path: str | Path, rows: list[dict]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

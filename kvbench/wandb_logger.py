@@ -28,10 +28,13 @@ from urllib.parse import urlsplit
 
 log = logging.getLogger("kvbench")
 
-IDENTITY = ("run_id", "config_hash", "experiment", "model", "task", "policy", "kv_size", "evict_every", "schedule",
-            "batch_size", "n_samples", "max_new_tokens", "seed", "device", "kvbench_version", "git_sha")
-SUMMARY = ("status", "error", "throughput_tok_s", "prefill_s", "decode_s", "wall_s", "generated_tokens",
-           "peak_kv_bytes", "peak_mem_bytes")
+IDENTITY = ("run_id", "config_hash", "experiment", "mode", "model", "weights", "task", "policy", "kv_size", "kv_ratio",
+            "evict_every", "schedule", "batch_size", "n_samples", "max_new_tokens", "seed", "device", "attention",
+            "extensions", "kvbench_version", "git_sha")
+SUMMARY = ("status", "error", "oom_kind", "throughput_tok_s", "prefill_s", "decode_s", "wall_s", "evict_s",
+           "attn_stats_s", "generated_tokens", "peak_kv_bytes", "peak_mem_bytes", "accounted_mem_bytes")
+NESTED = ("kv_budget", "serve")  # record fields whose scalars (and percentiles) go to the summary as "field/key"
+LEFT_OUT = ("timeline", "plot_path")  # per-step series and file paths: not summary values
 
 
 def configured() -> bool:
@@ -71,17 +74,29 @@ def reachable(url: str, timeout: float) -> bool:
 
 
 def run_name(record: dict) -> str:
-    kv = [] if record.get("kv_size") is None else [f"kv{record['kv_size']}"]
-    return "/".join([str(record.get("policy")), *kv, f"b{record.get('batch_size')}"])
+    kv = [f"kv{record['kv_size']}"] if record.get("kv_size") is not None else (
+        [f"ratio{record['kv_ratio']:g}"] if record.get("kv_ratio") is not None else [])
+    last = "serve" if record.get("mode") == "serve" else f"b{record.get('batch_size')}"
+    return "/".join([str(record.get("policy")), *kv, last])
 
 
 def summary(record: dict) -> dict:
+    """The record's outcome as W&B summary values: SUMMARY, its metrics, the search's result, and the
+    scalars of its budgets and serving metrics (`kv_budget/min`, `serve/ttft_s/p90`, ...)."""
     out = {k: record.get(k) for k in SUMMARY}
     out.update(record.get("metrics") or {})
     search = record.get("search") or {}
     for k in ("max_batch_size", "first_oom_batch_size"):
         if k in search:
             out[f"search/{k}"] = search[k]
+    for field in NESTED:
+        for k, v in (record.get(field) or {}).items():
+            if k in LEFT_OUT:
+                continue
+            if isinstance(v, dict):
+                out.update({f"{field}/{k}/{q}": x for q, x in v.items()})
+            else:
+                out[f"{field}/{k}"] = v
     return out
 
 

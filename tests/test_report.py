@@ -10,7 +10,7 @@ import csv
 import pytest
 
 from kvbench import report
-from kvbench.results import append_record
+from kvbench.results import append_record, read_records
 
 GiB = 2**30
 
@@ -215,3 +215,24 @@ def test_records_it_cannot_use_never_crash_the_report(tmp_path):
     assert "| FKV | 4 | - | 0.100 | 30.0 |" in text and "Window" not in text and "H2O" not in text
     with open(tmp_path / "runs.csv") as f:
         assert [r["run_id"] for r in csv.DictReader(f)] == ["ok", "np", "odd", "int"]
+
+
+def test_a_serve_run_has_its_own_table_and_no_batch_size(tmp_path):
+    """mode=serve records: their own table ("serving mode" in its title), the b column says "serve", never
+    a static "b=1" row next to static runs."""
+    from hydra import compose, initialize_config_dir
+
+    from kvbench import report, runner
+    from kvbench.config import CONF_DIR
+
+    base = ["model=tiny-llama", "task.n_samples=2", "task.context_tokens=32", "gen.max_new_tokens=2",
+            "policy=batch_max", "policy.kv_size=32", "policy.evict_every=8", "serve.plot=false",
+            f"results_dir={tmp_path}"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        for extra in (["batch_size=1"], ["mode=serve"]):
+            assert runner.run(compose("config", overrides=[*base, *extra]))["status"] == "ok"
+    tables = report.tables(read_records(tmp_path), 0.96)
+    assert len(tables) == 2
+    serve = next(t for t in tables if "serving mode" in t.title)
+    static = next(t for t in tables if t is not serve)
+    assert [r.cells()[1] for r in serve.runs] == ["serve"] and [r.cells()[1] for r in static.runs] == ["1"]

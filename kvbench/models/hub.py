@@ -51,7 +51,7 @@ def check(model_cfg) -> None:
     from kvbench.net import answers
 
     if offline() or not answers(constants.ENDPOINT, HUB_TIMEOUT, _answers):
-        why = "HF_HUB_OFFLINE is set" if offline() else f"{constants.ENDPOINT} did not answer within {HUB_TIMEOUT:g} s"
+        why = "HF_HUB_OFFLINE is set" if offline() else f"{constants.ENDPOINT} did not answer (waited up to {HUB_TIMEOUT:g} s)"
         raise ConfigError(
             "model.pretrained",
             f"is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) and the Hub cannot be reached ({why}): "

@@ -7,8 +7,9 @@ splits are flattened and only those columns are kept). The mirror layout is inte
 an unknown split or a too-large `task.n_samples` fails before anything is downloaded or loaded.
 
 A mirror file is read as bytes, line by line: a damaged gzip, a line that is not UTF-8 or not a JSON
-object, or a row without one of the task's columns is a ConfigError naming the file, the line number
-and the problem (the CLI's preflight parses every row a run reads, so it fails before any model).
+object, a row without one of the task's columns or with a column of the wrong type (`Source.kinds`:
+text where text is read) is a ConfigError naming the file, the line number and the problem (the CLI's
+preflight parses every row a run reads, so it fails before any model).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import functools
 import gzip
 import json
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,15 +28,31 @@ SUFFIXES = (".jsonl.gz", ".jsonl")
 
 
 @dataclass(frozen=True)
+class Kind:
+    """What a column must hold: `name` in words (for the error), `ok` the test."""
+
+    name: str
+    ok: Callable[[object], bool]
+
+
+TEXT = Kind("text", lambda v: isinstance(v, str))
+ANY = Kind("anything", lambda v: True)
+
+
+@dataclass(frozen=True)
 class Source:
     hub: str  # Hub dataset id
     config: str | None  # Hub config name
     folder: str  # folder of the mirror
     sizes: tuple[tuple[str, int], ...]  # (split, rows) on the Hub
     columns: tuple[str, ...]  # dotted column paths the task reads
+    kinds: tuple[Kind, ...] = ()  # what each column must hold (default: text)
 
     def splits(self) -> dict[str, int]:
         return dict(self.sizes)
+
+    def kind(self, i: int) -> Kind:
+        return self.kinds[i] if i < len(self.kinds) else TEXT
 
 
 def mirror_file(source: Source, split: str, data_dir: str) -> Path:
@@ -62,7 +79,7 @@ def load(source: Source, split: str, data_dir: str | None) -> list[dict]:
     if not data_dir:
         return _read_hub(source.hub, source.config, split, source.columns)
     path = mirror_file(source, split, data_dir)
-    return _read_mirror(str(path), path.stat().st_mtime_ns, source.columns)
+    return _read_mirror(str(path), path.stat().st_mtime_ns, source)
 
 
 def _lines(path: str) -> Iterator[tuple[int, bytes]]:
@@ -95,8 +112,8 @@ def parse(raw: bytes, where: str) -> dict:
 
 
 @functools.lru_cache(maxsize=8)
-def _read_mirror(path: str, mtime_ns: int, columns: tuple[str, ...]) -> list[dict]:
-    return [project(parse(raw, f"{path}:{n}"), columns, f"{path}:{n}")
+def _read_mirror(path: str, mtime_ns: int, source: Source) -> list[dict]:
+    return [project(parse(raw, f"{path}:{n}"), source.columns, f"{path}:{n}", source.kind)
             for n, raw in _lines(path) if raw.strip()]
 
 
@@ -108,15 +125,21 @@ def _read_hub(hub: str, config: str | None, split: str, columns: tuple[str, ...]
     return [nest(row) for row in flat.to_list()]
 
 
-def project(row: dict, columns: tuple[str, ...], where: str) -> dict:
-    """`row` reduced to the dotted `columns`, still nested."""
+def project(row: dict, columns: tuple[str, ...], where: str, kind: Callable[[int], Kind] = lambda i: ANY) -> dict:
+    """`row` reduced to the dotted `columns`, still nested; `kind(i)`: what column i must hold."""
     flat = {}
-    for path in columns:
+    for i, path in enumerate(columns):
         value = row
         for part in path.split("."):
             if not isinstance(value, dict) or part not in value:
                 raise ConfigError("data.dir", f"{where} has no column '{path}'")
             value = value[part]
+        k = kind(i)
+        if not k.ok(value):
+            shown = json.dumps(value, default=str)
+            shown = shown if len(shown) <= 40 else shown[:37] + "..."
+            raise ConfigError("data.dir", f"{where}: column '{path}' must be {k.name}, not {type(value).__name__} "
+                              f"({shown})")
         flat[path] = value
     return nest(flat)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from kvbench.tasks import scoring
-from kvbench.tasks.data import Source
+from kvbench.tasks.data import TEXT, Kind, Source
 from kvbench.tasks.fewshot import FewShotTask
 
 INSTRUCTION = "Answer the question about the story in a few words."
@@ -21,6 +21,17 @@ INSTRUCTION = "Answer the question about the story in a few words."
 def answer_texts(answers) -> list[str]:
     """The answers' texts, from a list of {"text": ...} or a {"text": [...]} column."""
     return list(answers["text"]) if isinstance(answers, dict) else [a["text"] for a in answers]
+
+
+def _answers_ok(v) -> bool:
+    texts = v.get("text") if isinstance(v, dict) else v
+    if not isinstance(texts, list) or not texts:
+        return False
+    return all(isinstance(a, str) if isinstance(v, dict) else isinstance(a, dict) and isinstance(a.get("text"), str)
+               for a in texts)
+
+
+ANSWERS = Kind('a non-empty list of {"text": ...} answers', _answers_ok)
 
 
 @dataclass
@@ -39,6 +50,8 @@ class NarrativeQA(FewShotTask):
         folder="narrativeqa",
         sizes=(("train", 32747), ("validation", 3461), ("test", 10557)),
         columns=("document.id", "document.summary.text", "question.text", "answers"),
+        kinds=(Kind("an id (text or number)", lambda v: isinstance(v, (str, int)) and not isinstance(v, bool)),
+               TEXT, TEXT, ANSWERS),
     )
 
     def document(self, row: dict) -> str:

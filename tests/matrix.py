@@ -1,0 +1,189 @@
+"""The configuration matrix: every option the docs offer as a choice, against every other.
+
+Axes (`AXES`): the 12 policies (PyramidKV is the per-layer budget kind), `policy.schedule`, the budget
+kind (`kv_size` or `kv_ratio`), `mode` (run, serve), `gen.attention`, `policy.rerotate`, the model
+(tiny Llama with GQA, tiny Phi-3 without), the batch (1, or 3 prompts of different lengths, left-padded)
+and the model's dtype (float32, bfloat16). A point of the product is a `Combo`.
+
+For each combination exactly one outcome is allowed, and `refusal` says which, from the documented
+rules alone (docs: "What is refused, and why"):
+- refused by the preflight, before any model loads: exit 2, one line naming one of the keys `refusal`
+  gives;
+- or a run whose record is true (tests/test_config_matrix.py checks it against spies on what ran).
+
+`pairwise(seed)`: every pair of axis values that can run together runs together at least once (a
+greedy cover of the accepted combinations, seeded), plus, for every pair that can never run together,
+one refused combination holding it (the one breaking the fewest rules, so its message is specific).
+`product()`: all of them (`make test-matrix`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import asdict, dataclass, fields
+
+POLICIES = ("full", "window", "extreme_decode", "batch_max", "h2o", "tova", "snapkv", "pyramidkv",
+            "streaming_llm", "knorm", "keydiff", "random")
+AXES = {
+    "policy": POLICIES,
+    "schedule": ("prefill_and_decode", "decode_only"),
+    "budget": ("kv_size", "kv_ratio"),
+    "mode": ("run", "serve"),
+    "attention": ("auto", "sdpa", "eager", "fused"),
+    "rerotate": (False, True),
+    "model": ("tiny-llama", "tiny-phi3"),
+    "batch": (1, 3),
+    "dtype": ("float32", "bfloat16"),
+}
+KV_SIZE, KV_RATIO, EVICT_EVERY, NEW_TOKENS, SAMPLES = 48, 0.5, 8, 6, 3
+QUESTIONS = (  # GSM8K-style rows of different lengths: prompts of 161, 214 and 273 tokens on the byte tokenizer
+    "What is 2 + 3?",
+    "Tom has 4 apples and buys 3 more. How many apples does he have now?",
+    "A train leaves at 3 pm and travels 60 miles per hour for 2 hours, then 40 miles per hour for one more "
+    "hour. How far did it go?",
+)
+# the departures each policy publishes (docs: Policies): its schedule, one pair per token, GQA aggregation
+PUBLISHED_SCHEDULE = {"batch_max": "prefill_and_decode", "h2o": "decode_only", "tova": "decode_only",
+                      **dict.fromkeys(("snapkv", "pyramidkv", "knorm", "keydiff", "random"), "after_prefill")}
+ONE_PER_TOKEN = ("h2o", "tova", "streaming_llm")
+GQA_NOTE = {"batch_max": "gqa_group_mean", "h2o": "gqa_group_mean", "snapkv": "GQA models",
+            "pyramidkv": "GQA models"}
+
+
+@dataclass(frozen=True)
+class Combo:
+    policy: str
+    schedule: str
+    budget: str
+    mode: str
+    attention: str
+    rerotate: bool
+    model: str
+    batch: int
+    dtype: str
+
+    @property
+    def id(self) -> str:
+        return "-".join(str(v) for v in asdict(self).values())
+
+    @property
+    def evicts(self) -> bool:
+        return self.policy != "full"
+
+    def overrides(self) -> list[str]:
+        """The command line of this combination (task, data and results_dir are added by the test)."""
+        out = [f"policy={self.policy}", f"policy.schedule={self.schedule}", f"mode={self.mode}",
+               f"gen.attention={self.attention}", f"policy.rerotate={str(self.rerotate).lower()}",
+               f"model={self.model}", f"model.dtype={self.dtype}", f"batch_size={self.batch}"]
+        if self.budget == "kv_ratio":
+            out.append(f"policy.kv_ratio={KV_RATIO}")
+        elif self.policy not in ("full", "extreme_decode"):
+            out.append(f"policy.kv_size={KV_SIZE}")
+        if self.policy not in ("full", "extreme_decode"):
+            out.append(f"policy.evict_every={EVICT_EVERY}")
+        return out
+
+
+def violations(c: Combo) -> list[tuple[str, ...]]:
+    """The documented refusals this combination meets: for each, the keys its one-line message may name."""
+    out = []
+    if c.policy == "full" and c.budget == "kv_ratio":
+        out.append(("policy.kv_ratio",))  # the full cache has no budget
+    if c.policy == "full" and c.rerotate:
+        out.append(("policy.rerotate",))  # nothing is evicted, nothing to re-rotate
+    if c.policy == "extreme_decode" and c.schedule == "prefill_and_decode":
+        out.append(("policy.schedule",))  # Algorithm 2 is decoding-only
+    if c.policy == "extreme_decode" and c.budget == "kv_ratio":
+        out.append(("policy.kv_ratio",))  # it keeps one pair, whatever the prompt
+    if c.policy == "pyramidkv" and c.rerotate:
+        out.append(("policy.rerotate",))  # rotary positions are shared by layers of different budgets
+    if c.mode == "serve":
+        if c.batch != 1:
+            out.append(("batch_size",))  # the scheduler batches
+        if c.attention not in ("auto", "sdpa"):
+            out.append(("gen.attention",))  # serve attends over pages with SDPA
+        if c.evicts and c.budget == "kv_ratio":
+            out.append(("policy.kv_ratio",))  # one kv_size per request
+        if c.policy == "pyramidkv":
+            out.append(("policy", "policy.kv_ratio"))  # per-layer budgets
+        if c.policy == "snapkv":
+            out.append(("policy",))  # its observation window's queries are not kept by the pool
+        if c.evicts and c.rerotate:
+            out.append(("policy.rerotate",))  # not in the paged pool yet
+        if c.policy == "extreme_decode":
+            out.append(("serve.block_size",))  # kv_size 2 is no whole number of 16-token blocks
+    return out
+
+
+def refusal(c: Combo) -> tuple[str, ...] | None:
+    """The keys the preflight's one line may name, or None: the combination must run to a true record."""
+    v = violations(c)
+    return tuple(sorted({k for keys in v for k in keys})) if v else None
+
+
+def product() -> list[Combo]:
+    return [Combo(*values) for values in itertools.product(*AXES.values())]
+
+
+def _pairs(c: Combo) -> set[tuple]:
+    items = [(f.name, getattr(c, f.name)) for f in fields(Combo)]
+    return set(itertools.combinations(items, 2))
+
+
+def pairwise(seed: int = 0, candidates: int = 400) -> list[Combo]:
+    """A seeded, constraint-aware pairwise cover (module docstring): accepted combinations first, then the
+    refused ones that hold the pairs no accepted combination can."""
+    rng = random.Random(seed)
+    every = product()
+    pairs = {c: _pairs(c) for c in every}
+    accepted = [c for c in every if refusal(c) is None]
+    feasible = set().union(*(pairs[c] for c in accepted))
+    uncovered, chosen = set(feasible), []
+    while uncovered:
+        target = min(uncovered, key=str)  # one pair that must get covered now: the loop always progresses
+        pool = rng.sample(accepted, min(candidates, len(accepted))) + [c for c in accepted if target in pairs[c]]
+        best = max(pool, key=lambda c: (target in pairs[c], len(pairs[c] & uncovered)))
+        chosen.append(best)
+        uncovered -= pairs[best]
+    for pair in sorted(set().union(*pairs.values()) - feasible, key=str):
+        holding = [c for c in every if pair in pairs[c]]
+        fewest = min(len(violations(c)) for c in holding)
+        chosen.append(rng.choice([c for c in holding if len(violations(c)) == fewest]))
+    return list(dict.fromkeys(chosen))
+
+
+def expected_extensions(c: Combo) -> tuple[list[str], list[str]]:
+    """(substrings some extension must contain, substrings none may contain) for a run of `c`: every
+    departure from the published method, and nothing that was not applied."""
+    need, never = [], []
+    if not c.evicts:
+        return [], ["rerotate", "kv_ratio", "serve_block", "gqa", "GQA", "published"]
+    if c.policy == "streaming_llm":
+        (never if c.rerotate else need).append("source positions kept")
+        never.append("rerotate:")
+    else:
+        (need if c.rerotate else never).append("rerotate")
+    (need if c.budget == "kv_ratio" else never).append("kv_ratio=")
+    (need if c.mode == "serve" else never).append("serve_block_eviction")
+    gqa = GQA_NOTE.get(c.policy)
+    if c.model == "tiny-llama" and gqa:
+        need.append(gqa)
+    else:
+        never += ["gqa", "GQA"]
+    published = PUBLISHED_SCHEDULE.get(c.policy)
+    prefill = c.schedule == "prefill_and_decode"
+    if published == "after_prefill":
+        need.append("(published: never)")
+        (need if prefill else never).append("evicts during prefill")
+    elif published == "decode_only":
+        (need if prefill else never).append("evicts during prefill")
+    elif published == "prefill_and_decode":
+        (need if not prefill else never).append("schedule=decode_only")
+    else:
+        never += ["evicts during prefill", "schedule=decode_only", "(published: never)"]
+    if c.policy in ONE_PER_TOKEN and c.mode == "run":
+        need.append(f"evict_every={EVICT_EVERY}")
+    else:
+        never.append("evict_every=")
+    return need, never

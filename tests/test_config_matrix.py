@@ -1,0 +1,283 @@
+"""Every accepted configuration runs to a true record; every other is refused before the model loads.
+
+The combinations come from tests/matrix.py: all pairs of the documented options (a seeded pairwise
+cover, about 60 combinations) in the default run, the whole product with KVBENCH_MATRIX=full
+(`make test-matrix`, outside CI). Each runs on tiny random models over a 3-row GSM8K mirror whose
+prompts differ in length (161-273 tokens: a batch of 3 is left-padded), 6 new tokens, EOS ignored.
+
+A refused combination must stop in the CLI with exit code 2 and one line naming a key of the documented
+rule it breaks, with no model loaded. An accepted one runs, and its record is checked against spies on
+what really ran (not against the code that wrote it):
+- the attention function that ran (kvbench's backends, or the paged one in serve mode) is `attention`;
+- no forward held more pairs than its budget (per group of layers and sample; serve: per request), and
+  the budgets the cache held are `kv_budget`'s (kind, min, max, per layer); evicting policies evicted;
+- serve mode: `peak_kv_bytes` is the most blocks in use during a step times a block's K/V bytes;
+- one prediction per sample, every token generated; `mode`, `batch_size`, `evict_every`, `schedule`,
+  `kv_size`, `kv_ratio` as applied (null where not applied);
+- `extensions` name every departure from the published method and nothing that was not applied
+  (tests/matrix.py's table of departures);
+- the W&B run (a stand-in `wandb` module) carries the same identity and summary, budgets and serving
+  metrics included.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import sys
+import types
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from transformers import AttentionInterface
+
+from kvbench import attention as static_attention
+from kvbench import cli, runner
+from kvbench.cache import KVCache
+from kvbench.config import CONF_DIR
+from kvbench.engine import _Batch
+from kvbench.results import read_jsonl, read_records
+from kvbench.serve import attention as paged_attention
+from kvbench.serve.runner import ModelRunner
+from kvbench.serve.scheduler import Scheduler
+from tests.conftest import assert_one_line_exit_2
+from tests.matrix import (
+    EVICT_EVERY,
+    KV_RATIO,
+    KV_SIZE,
+    NEW_TOKENS,
+    QUESTIONS,
+    SAMPLES,
+    Combo,
+    expected_extensions,
+    pairwise,
+    product,
+    refusal,
+)
+
+FULL = os.environ.get("KVBENCH_MATRIX") == "full"
+COMBOS = product() if FULL else pairwise(seed=0)
+BLOCK = 16  # serve.block_size (default)
+GEOMETRY = {"tiny-llama": (2, 2, 16), "tiny-phi3": (2, 4, 16)}  # (layers, KV heads, head dim): tests/conftest's models
+ELEM = {"float32": 4, "bfloat16": 2}
+
+
+@pytest.fixture(scope="module")
+def mirror(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    (root / "gsm8k").mkdir()
+    with gzip.open(root / "gsm8k" / "test.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps({"question": q, "answer": f"So {i}.\n#### {i}"}) + "\n" for i, q in enumerate(QUESTIONS))
+    return root
+
+
+class Spy:
+    """What really ran, seen from outside the code that writes the record."""
+
+    def __init__(self, combo: Combo):
+        self.combo = combo
+        self.backends: set[str] = set()
+        self.over: list[str] = []  # budget violations
+        self.budget_rows: list[tuple[int, ...]] = []  # every (B,) budget row a cache group held
+        self.per_layer = False
+        self.evictions = 0
+        self.serve_steps = 0
+        self.most_blocks = 0
+
+    def install(self, mp: pytest.MonkeyPatch) -> None:
+        for name in ("_sdpa", "_flash", "_eager", "_fused"):
+            mp.setattr(static_attention, name, self.tap(getattr(static_attention, name), name.strip("_")))
+        paged_attention.register()
+        mapping = AttentionInterface._global_mapping
+        mp.setitem(mapping, paged_attention.NAME, self.tap(mapping[paged_attention.NAME], "paged_sdpa"))
+        mp.setattr(_Batch, "__init__", self.batch_init(_Batch.__init__))
+        mp.setattr(KVCache, "begin_forward", self.begin_forward(KVCache.begin_forward))
+        mp.setattr(KVCache, "evict", self.evict(KVCache.evict))
+        mp.setattr(ModelRunner, "step", self.step(ModelRunner.step))
+        mp.setattr(Scheduler, "schedule", self.schedule(Scheduler.schedule))
+
+    def tap(self, fn, name):
+        def wrapped(*a, **k):
+            self.backends.add(name)
+            return fn(*a, **k)
+        return wrapped
+
+    def batch_init(self, init):
+        def wrapped(batch, model, ids, policy, *a, **k):
+            init(batch, model, ids, policy, *a, **k)
+            batch.cache.spy_lengths = torch.tensor([len(x) for x in ids])
+            batch.cache.spy_prefill = policy.evicts_in_prefill
+        return wrapped
+
+    def begin_forward(self, fn):
+        def wrapped(cache, r, width):
+            out = fn(cache, r, width)
+            decoding = cache.seen > cache.spy_lengths  # rows whose forward brings a generated token
+            rows = {tuple(g.budget.tolist()) for g in cache.groups if g.budget is not None}
+            self.per_layer |= len(rows) > 1
+            self.budget_rows += list(rows)
+            for g in cache.groups:
+                if g.budget is None:
+                    continue
+                checked = decoding | cache.spy_prefill  # decode_only holds the whole prompt until it decodes
+                over = (g.n > g.budget) & checked
+                if bool(over.any()):
+                    self.over.append(f"layers {g.layers}: held {g.n.tolist()} > budget {g.budget.tolist()}")
+            return out
+        return wrapped
+
+    def evict(self, fn):
+        def wrapped(cache, *a, **k):
+            self.evictions += 1
+            return fn(cache, *a, **k)
+        return wrapped
+
+    def step(self, fn):
+        def wrapped(runner_, scheduled):
+            pol = runner_.policy
+            self.serve_steps += 1
+            for s in scheduled:
+                held = s.req.n_slots + s.num_tokens
+                if pol.evicts and (pol.evicts_in_prefill or s.req.num_computed >= len(s.req.prompt)) and (
+                        held > pol.kv_size):
+                    self.over.append(f"request {s.req.rid}: {held} pairs > kv_size {pol.kv_size}")
+            return fn(runner_, scheduled)
+        return wrapped
+
+    def schedule(self, fn):
+        def wrapped(sched):
+            plan = fn(sched)
+            self.most_blocks = max(self.most_blocks, sched.bm.num_used)
+            return plan
+        return wrapped
+
+
+class FakeWandb:
+    """A stand-in `wandb` module: what kvbench's logger hands to W&B."""
+
+    def __init__(self):
+        self.runs = []
+        self.module = types.ModuleType("wandb")
+        self.module.init = self.init
+        self.module.finish = lambda *a, **k: None
+        self.module.Settings = lambda **k: k
+        self.module.Table = lambda **k: k
+
+    def init(self, **kw):
+        run = types.SimpleNamespace(kw=kw, summary={}, logged=[])
+        run.log = run.logged.append
+        self.runs.append(run)
+        return run
+
+
+def argv(combo: Combo, mirror, results) -> list[str]:
+    return [*combo.overrides(), "task=gsm8k", f"data.dir={mirror}", f"task.n_samples={SAMPLES}", "task.n_shot=0",
+            f"gen.max_new_tokens={NEW_TOKENS}", "gen.ignore_eos=true", "logger=wandb", "device=cpu",
+            f"results_dir={results}", "serve.plot=false"]
+
+
+@pytest.mark.parametrize("combo", COMBOS, ids=[c.id for c in COMBOS])
+def test_refused_up_front_or_a_true_record(combo, mirror, tmp_path, monkeypatch, capsys):
+    args = argv(combo, mirror, tmp_path)
+    keys = refusal(combo)
+    if keys is not None:
+        monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+        err = assert_one_line_exit_2(cli.main, args, capsys, "")
+        named = err.removeprefix("kvbench: error: ").split(":")[0].split("=")[0]  # "kvbench: error: <key>=<value>: why"
+        assert named in keys, (keys, err)
+        assert not (tmp_path / "runs.jsonl").exists()
+        return
+    cli.preflight(args)  # the CLI's preflight accepts it (no model needed)
+    spy, fake = Spy(combo), FakeWandb()
+    spy.install(monkeypatch)
+    monkeypatch.setitem(sys.modules, "wandb", fake.module)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=args)
+    rec = runner.run(cfg)
+    assert rec["status"] == "ok", rec["error"]
+    check_record(combo, rec, spy)
+    check_wandb(combo, rec, fake)
+    (stored,) = read_records(tmp_path)
+    assert stored["run_id"] == rec["run_id"] and stored["extensions"] == rec["extensions"]
+
+
+def check_record(c: Combo, rec: dict, spy: Spy) -> None:
+    serve = c.mode == "serve"
+    assert rec["mode"] == c.mode
+    assert spy.backends == {rec["attention"]}, (spy.backends, rec["attention"])
+    assert not spy.over, spy.over[:3]
+    rows = read_jsonl(rec["predictions_path"])
+    assert sorted(r["index"] for r in rows) == list(range(SAMPLES))  # one prediction per sample
+    assert all(len(r["token_ids"]) == NEW_TOKENS for r in rows) and rec["generated_tokens"] == SAMPLES * NEW_TOKENS
+    assert rec["policy"] == c.policy and rec["model"] == c.model and rec["task"] == "gsm8k"
+    assert rec["batch_size"] == (None if serve else c.batch)
+    ratio = c.budget == "kv_ratio" and c.evicts
+    assert rec["kv_ratio"] == (KV_RATIO if ratio else None)
+    assert rec["kv_size"] == (None if ratio or not c.evicts else 2 if c.policy == "extreme_decode" else KV_SIZE)
+    p = 1 if c.policy == "extreme_decode" else EVICT_EVERY
+    assert rec["evict_every"] == (p if c.evicts and not serve else None)
+    assert rec["schedule"] == (c.schedule if c.evicts else None)
+    if not c.evicts:
+        assert rec["kv_budget"] is None and spy.evictions == 0
+    elif serve:
+        assert rec["kv_budget"] == {"by": "kv_size", "min": rec["kv_size"], "max": rec["kv_size"], "per_layer": False}
+        assert rec["serve"]["evicted_blocks"] > 0
+    else:
+        held = [b for row in spy.budget_rows for b in row]
+        assert spy.evictions > 0
+        assert rec["kv_budget"] == {"by": "kv_ratio" if ratio else "kv_size", "min": min(held), "max": max(held),
+                                    "per_layer": spy.per_layer}
+        assert spy.per_layer == (c.policy == "pyramidkv")
+    if serve:
+        layers, heads, dim = GEOMETRY[c.model]
+        block_kv = 2 * layers * BLOCK * heads * dim * ELEM[c.dtype]
+        assert rec["peak_kv_bytes"] == spy.most_blocks * block_kv > 0
+        assert spy.serve_steps > 0 and rec["serve"]["completed"] == SAMPLES
+    need, never = expected_extensions(c)
+    ext = rec["extensions"]
+    for s in need:
+        assert any(s in e for e in ext), (s, ext)
+    for s in never:
+        assert not any(s in e for e in ext), (s, ext)
+
+
+def check_wandb(c: Combo, rec: dict, fake: FakeWandb) -> None:
+    (run,) = fake.runs
+    ident = run.kw["config"]["kvbench"]
+    for key in ("run_id", "config_hash", "mode", "policy", "kv_size", "kv_ratio", "evict_every", "schedule",
+                "batch_size", "attention", "extensions", "model", "weights"):
+        assert ident[key] == rec[key], key
+    assert ident["mode"] == c.mode and run.kw["config"]["mode"] == c.mode  # the resolved config too
+    s = run.summary
+    assert s["status"] == "ok" and s["throughput_tok_s"] == rec["throughput_tok_s"]
+    assert s["accuracy"] == rec["metrics"]["accuracy"]
+    if rec["kv_budget"]:
+        assert (s["kv_budget/min"], s["kv_budget/max"], s["kv_budget/per_layer"]) == (
+            rec["kv_budget"]["min"], rec["kv_budget"]["max"], rec["kv_budget"]["per_layer"])
+    if c.mode == "serve":
+        sv = rec["serve"]
+        assert s["serve/output_tok_s"] == sv["output_tok_s"] and s["serve/preemptions"] == sv["preemptions"]
+        assert s["serve/ttft_s/p90"] == sv["ttft_s"]["p90"] and s["serve/pool_util_max"] == sv["pool_util_max"] > 0
+        assert run.kw["name"].endswith("/serve")
+    else:
+        assert not any(k.startswith("serve/") for k in s)
+
+
+def test_the_cover_holds_every_pair_and_each_refusal_rule():
+    """The default run's combinations: every pair of values that can run together runs together; every
+    pair that cannot is refused at least once; every documented refusal key appears alone somewhere."""
+    from tests.matrix import AXES, _pairs
+
+    runs = [c for c in COMBOS if refusal(c) is None]
+    every = product()
+    feasible = set().union(*(_pairs(c) for c in every if refusal(c) is None))
+    assert feasible <= set().union(*(_pairs(c) for c in runs))
+    refused = set().union(*(_pairs(c) for c in COMBOS if refusal(c) is not None))
+    assert set().union(*(_pairs(c) for c in every)) - feasible <= refused
+    assert {v for c in runs for v in (c.policy,)} == set(AXES["policy"])
+    singles = {refusal(c) for c in COMBOS if refusal(c) is not None and len(refusal(c)) == 1}
+    assert {("batch_size",), ("gen.attention",), ("policy.kv_ratio",), ("policy.rerotate",), ("policy.schedule",),
+            ("serve.block_size",), ("policy",)} <= singles
+    assert len(COMBOS) <= 80 or FULL
