@@ -41,7 +41,7 @@ demo: install ## a small comparison of the policies on the default model (prints
 	$(BIN)/python -m kvbench.demo $(if $(DATA_DIR),data.dir=$(DATA_DIR))
 
 gpu-check: install ## on a CUDA machine: GPU acceptance checks, one JSON line each (<15 min); no GPU: exit 77 (skipped)
-	@$(BIN)/python scripts/gpu_check.py
+	@$(BIN)/kvbench-gpu-check
 
 lint: install ## ruff
 	$(BIN)/ruff check kvbench tests scripts

@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from kvbench import memory
 from kvbench.attention import SCORE_CHUNK, kv_attention, resolve_backend
 from kvbench.cache import KVCache
+from kvbench.models.geometry import model_geometry, rope_inv_freq
 from kvbench.policies.base import Policy
 from kvbench.schedule import prefill_plan, rows_to_evict
 
@@ -68,33 +69,6 @@ class GenerationOutput:
     @property
     def throughput_tok_s(self) -> float:
         return self.generated_tokens / self.wall_s if self.wall_s > 0 else 0.0
-
-
-def model_geometry(model) -> dict:
-    """Cache geometry of a decoder-only transformers model (Llama / Phi-3 style)."""
-    cfg = model.config
-    heads = cfg.num_attention_heads
-    layers = model.get_decoder().layers
-    return dict(
-        num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
-        num_q_heads=heads,
-        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
-        layer_devices=[next(layer.parameters()).device for layer in layers],
-        dtype=model.dtype,
-    )
-
-
-def rope_inv_freq(model) -> torch.Tensor:
-    """The model's RoPE frequencies (R/2,), for re-rotating kept keys (policy.rerotate=true).
-
-    Only position-independent RoPE composes as a rotation: no attention scaling of cos/sin and no
-    frequencies that change with the sequence length (dynamic / longrope types).
-    """
-    rope = getattr(model.get_decoder(), "rotary_emb", None)
-    kind = getattr(rope, "rope_type", None)
-    if rope is None or getattr(rope, "attention_scaling", 1.0) != 1.0 or kind in ("dynamic", "longrope"):
-        raise ValueError(f"policy.rerotate=true needs plain RoPE (this model's: {kind}); set policy.rerotate=false")
-    return rope.inv_freq
 
 
 def _sync(device: torch.device) -> None:

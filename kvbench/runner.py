@@ -24,7 +24,6 @@ import functools
 import gc
 import logging
 import signal
-import statistics
 import subprocess
 import tempfile
 import traceback
@@ -37,13 +36,15 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 import kvbench
-from kvbench import engine, memory, preflight, results, search, stats
+from kvbench import engine, memory, preflight, results, search
 from kvbench.attention import resolve_backend
 from kvbench.config import build_policy, build_task, config_hash, validate
 from kvbench.errors import ConfigError, OutOfMemory
 from kvbench.memory import is_oom
 from kvbench.models import weights_format
 from kvbench.models.base import LoadedModel, resolve_device
+from kvbench.scoring import predictions, prompt_stats, score_rows
+from kvbench.serve import run as serve_run
 
 log = logging.getLogger("kvbench")
 _models: dict[str, LoadedModel] = {}
@@ -155,60 +156,6 @@ def new_record(cfg: DictConfig, policy, task) -> dict:
     }
 
 
-def prompt_stats(samples, ids) -> dict:
-    lengths = [len(x) for x in ids]
-    return {
-        "n": len(lengths),
-        "tokens_mean": round(statistics.fmean(lengths), 1),
-        "tokens_median": statistics.median(lengths),
-        "tokens_min": min(lengths),
-        "tokens_max": max(lengths),
-        "n_cut": sum(1 for s in samples if s.cut),
-    }
-
-
-def predictions(task, samples, ids, out: engine.GenerationOutput, lm: LoadedModel, save_prompt_ids: bool):
-    """Cut each generation at EOS and the task's stop strings, extract, score.
-
-    Returns the rows, the metrics (means and their `<metric>_ci` bootstrap intervals, kvbench.stats)
-    and the output-length summary (tokens before the first EOS / stop string, also with ignore_eos).
-    """
-    rows, scores, lengths = [], [], []
-    eos = set(lm.eos_token_ids)
-
-    def text_of(gen: list[int]) -> str:
-        return task.cut(lm.tokenizer.decode(gen, skip_special_tokens=True))
-
-    for s, p_ids, gen in zip(samples, ids, out.token_ids, strict=True):
-        upto = next((i for i, t in enumerate(gen) if t in eos), len(gen))
-        text = text_of(gen[:upto])
-        score = task.score(task.extract(text), s.references)
-        scores.append(score)
-        n_out = stats.output_length(gen, eos, text_of if task.stop_strings else None)
-        lengths.append(n_out)
-        row = {
-            "index": s.index,
-            "prompt": s.prompt,
-            "prompt_tokens": len(p_ids),
-            "prediction": text,
-            "references": s.references,
-            "token_ids": gen,
-            "score": score,
-            "output_tokens": n_out,
-        }
-        if save_prompt_ids:
-            row["prompt_ids"] = p_ids
-        rows.append(row)
-    by_index = [r["score"] for r in sorted(rows, key=lambda r: r["index"])]  # intervals never depend on order
-    metrics = {**task.aggregate(scores), **stats.metric_intervals(by_index)}
-    return rows, metrics, stats.length_summary(lengths)
-
-
-def score_rows(rows: list[dict]) -> list[dict]:
-    """The small per-run scores file (index, score, output length): what the report's intervals need."""
-    return [{"index": r["index"], "score": r["score"], "output_tokens": r.get("output_tokens")} for r in rows]
-
-
 def execute(
     cfg: DictConfig, record: dict, lm: LoadedModel, policy, task, samples, ids, batch_size: int,
     budget: memory.Budget | None = None,
@@ -231,7 +178,7 @@ def execute(
         warmup=cfg.gen.warmup,
         attention=cfg.gen.attention,
     )
-    rows, metrics, lengths = predictions(task, samples, ids, out, lm, cfg.output.save_prompt_ids)
+    rows, metrics, lengths = predictions(task, samples, ids, out.token_ids, lm, cfg.output.save_prompt_ids)
     record.update(
         status="ok",
         metrics=metrics,
@@ -373,6 +320,28 @@ def save(cfg: DictConfig, record: dict, rows: list[dict], claim) -> None:
                                f"{rescue}", rescue)
 
 
+def run_static(cfg: DictConfig, record: dict, lm: LoadedModel, policy, task, samples, ids, budget) -> list[dict]:
+    """mode=run: static batches (a fixed batch size, or the largest the search finds), then scores."""
+    record["attention"] = resolve_backend(cfg.gen.attention, lm.model, policy.needs_attention)
+    batch_size = fit_batch_size(record, cfg.batch_size, len(ids))
+    if cfg.search.max_batch:
+        batch_size = find_batch_size(cfg, record, lm, policy, ids, budget)
+    if cfg.search.max_batch and cfg.search.only:
+        record["status"] = "ok"
+        return []
+    return execute(cfg, record, lm, policy, task, samples, ids, batch_size, budget)
+
+
+def prompt_report(cfg: DictConfig, record: dict, lm: LoadedModel, policy, task, samples, ids, budget) -> list[dict]:
+    """mode=prompt_report: the prompts' statistics alone (already in the record); nothing is generated."""
+    record["status"] = "ok"
+    return []
+
+
+# mode -> what runs it, all with one signature: (cfg, record, lm, policy, task, samples, ids, budget) -> rows
+MODES = {"run": run_static, "serve": serve_run.execute, "prompt_report": prompt_report}
+
+
 def run(cfg: DictConfig, lm: LoadedModel | None = None) -> dict:
     """Run one configuration and append its record; returns the record (also on oom / error).
 
@@ -417,22 +386,7 @@ def run(cfg: DictConfig, lm: LoadedModel | None = None) -> dict:
         record["prompts"] = prompt_stats(samples, ids)
         if prompts is not None and [len(x) for x in ids] != prompts:  # the preflight's tokenizer is the model's
             record["notes"].append("the preflight's prompt lengths differ from the loaded tokenizer's")
-        if cfg.mode == "prompt_report":
-            record["status"] = "ok"
-        elif serve_mode:
-            from kvbench.serve import run as serve_run
-
-            record["attention"] = serve_run.ATTENTION
-            rows = serve_run.execute(cfg, record, lm, policy, task, samples, ids, budget)
-        else:
-            record["attention"] = resolve_backend(cfg.gen.attention, lm.model, policy.needs_attention)
-            batch_size = fit_batch_size(record, cfg.batch_size, len(ids))
-            if cfg.search.max_batch:
-                batch_size = find_batch_size(cfg, record, lm, policy, ids, budget)
-            if cfg.search.max_batch and cfg.search.only:
-                record["status"] = "ok"
-            else:
-                rows = execute(cfg, record, lm, policy, task, samples, ids, batch_size, budget)
+        rows = MODES[cfg.mode](cfg, record, lm, policy, task, samples, ids, budget)
     except ConfigError:  # bad input found once the model is loaded (a budget below its weights...): no record
         recorded = False
         raise

@@ -1,4 +1,4 @@
-"""scripts/gpu_check.py (`make gpu-check`) on a machine without CUDA: its checks are pure functions of
+"""kvbench.gpu_check (`kvbench-gpu-check`, `make gpu-check`) on a machine without CUDA: its checks are pure functions of
 measured numbers, tested here on made-up figures; the JSON lines parse; and without a GPU it prints
 one line and exits 77 (skipped), which `make` reports as a failure ("Error 77"), never success."""
 
@@ -14,15 +14,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "gpu_check.py"
+SCRIPT = ["-m", "kvbench.gpu_check"]  # what the console script kvbench-gpu-check runs
 
 
 @pytest.fixture(scope="module")
 def gc_mod():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module("kvbench.gpu_check")
 
 
 def test_compare_tokens(gc_mod):
@@ -107,7 +104,7 @@ def _no_cuda_env():
 
 
 def test_without_cuda_one_line_and_exit_77():
-    p = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, env=_no_cuda_env(), timeout=120)
+    p = subprocess.run([sys.executable, *SCRIPT], capture_output=True, text=True, env=_no_cuda_env(), timeout=120)
     assert p.returncode == 77, p.stderr[-2000:]
     (only,) = p.stdout.splitlines()
     got = json.loads(only)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kvbench.cache.plan import right_aligned
+
 
 class PagedPool:
     def __init__(self, *, num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, device, track_attention):
@@ -78,9 +80,7 @@ class Layout:
         flat = table.gather(1, (s // bs)[None, :].clamp(max=nb - 1).expand(R, -1)) * bs + s % bs
         gather = torch.where(key_valid, flat, torch.zeros_like(flat))
         offset = torch.cumsum(k_t, 0) - k_t  # packed start of each request
-        i = torch.arange(Kmax)
-        j = i[None, :] - (Kmax - k_t)[:, None]  # index among the request's new tokens
-        real = j >= 0
+        real, j = right_aligned(k_t, Kmax)  # index among the request's new tokens, as the static cache lays them
         q_index = torch.where(real, offset[:, None] + j, torch.zeros_like(j))
         wslot = nb_t[:, None] + j  # logical slot of each query's own pair
         mask = (s[None, None, :] <= wslot[:, :, None]) & key_valid[:, None, :] & real[:, :, None]

@@ -14,8 +14,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from kvbench import engine, memory
+from kvbench import memory
 from kvbench.errors import ConfigError
+from kvbench.models.geometry import model_geometry
+from kvbench.scoring import predictions
 from kvbench.serve import metrics
 from kvbench.serve.engine import serve
 from kvbench.serve.pool import PagedPool
@@ -26,7 +28,7 @@ def pool_blocks(cfg: DictConfig, lm, policy, budget: memory.Budget | None) -> in
     """serve.num_blocks, or what memory.budget_gb leaves after the weights (activations not reserved)."""
     if cfg.serve.num_blocks is not None:
         return cfg.serve.num_blocks
-    geo = engine.model_geometry(lm.model)
+    geo = model_geometry(lm.model)
     per_block = PagedPool.block_bytes(
         num_layers=len(geo["layer_devices"]), block_size=cfg.serve.block_size, num_kv_heads=geo["num_kv_heads"],
         head_dim=geo["head_dim"], dtype=geo["dtype"], track_attention=policy.needs_attention,
@@ -57,9 +59,8 @@ ATTENTION = "paged_sdpa"  # the record's `attention`: SDPA over gathered pages (
 
 
 def execute(cfg: DictConfig, record: dict, lm, policy, task, samples, ids, budget=None) -> list[dict]:
-    from kvbench.runner import predictions  # the runner imports this module
-
     s = cfg.serve
+    record["attention"] = ATTENTION
     num_blocks = pool_blocks(cfg, lm, policy, budget)
     reqs = build_requests(ids, cfg.gen.max_new_tokens, s.rate, cfg.seed)
     out = serve(
@@ -67,8 +68,8 @@ def execute(cfg: DictConfig, record: dict, lm, policy, task, samples, ids, budge
         max_tokens_per_step=s.max_tokens_per_step, max_running=s.max_running, block_score=s.block_score,
         eos_token_ids=lm.eos_token_ids, ignore_eos=cfg.gen.ignore_eos, score_chunk=cfg.gen.score_chunk,
     )
-    gen = engine.GenerationOutput(token_ids=[r.output for r in reqs])
-    rows, task_metrics, lengths = predictions(task, samples, ids, gen, lm, cfg.output.save_prompt_ids)
+    rows, task_metrics, lengths = predictions(task, samples, ids, [r.output for r in reqs], lm,
+                                              cfg.output.save_prompt_ids)
     for row, r in zip(rows, reqs, strict=True):
         row.update(
             arrival_s=r.arrival, ttft_s=r.first_token_at - r.arrival, finished_s=r.finished_at,

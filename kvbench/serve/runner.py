@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.engine import model_geometry
+from kvbench.models.geometry import model_geometry
 from kvbench.policies.base import Policy, ScoreStats
 from kvbench.serve.evict import block_scores, choose_blocks
 from kvbench.serve.pool import Layout, PagedPool

@@ -1,4 +1,4 @@
-"""`make gpu-check`: the one-command acceptance of kvbench's GPU path, on a machine with >= 1 CUDA GPU.
+"""`kvbench-gpu-check` (`make gpu-check`): the one-command acceptance of kvbench's GPU path, on a machine with >= 1 CUDA GPU.
 
 kvbench's development machines have no GPU, so everything below that needs one is verified here and
 only here. SmolLM2-135M (the default model, offline), under 15 minutes on one GPU; it installs nothing
@@ -26,7 +26,7 @@ Checks (`"check"` in each line):
 The checks are pure functions of measured numbers (tested on CPU in tests/test_gpu_check.py); the
 glue that measures them needs CUDA and has not been run on the development machines.
 
-    python scripts/gpu_check.py [--budget-batch 24] [--prompt-tokens 1024] [--new-tokens 32]
+    kvbench-gpu-check [--budget-batch 24] [--prompt-tokens 1024] [--new-tokens 32]
 """
 
 from __future__ import annotations
@@ -315,7 +315,7 @@ def check_device_map(args, tmp) -> list[dict]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="kvbench-gpu-check", description=__doc__.splitlines()[0])
     ap.add_argument("--budget-batch", type=int, default=24, help="a divisor of 960: the search's budget is set "
                     "between its accounted peak and the next candidate's")
     ap.add_argument("--prompt-tokens", type=int, default=1024)
@@ -348,5 +348,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return exit_code(results)
 
 
-if __name__ == "__main__":
+def entry() -> None:
+    """The console script: exit with main()'s code (77: no GPU, skipped)."""
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

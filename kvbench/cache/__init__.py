@@ -1,0 +1,24 @@
+"""The evicting KV cache: preallocated, compacted per sample, shrunk by a policy between forwards.
+
+Layers on the same device that share a capacity and a budget row are stacked into one group, so
+eviction is vectorised over layers, heads and samples. Every KV head of a layer of sample b holds the
+same count n_b (heads keep *different* positions), so the attention mask depends only on the sample and
+broadcasts over heads (SDPA with GQA stays usable). With one budget everywhere (every policy but
+PyramidKV) that is one group per device; with per-layer budgets each layer is its own group with its
+own capacity (its memory is its own budget's). Pad tokens are never stored: a forward writes only each
+sample's real tokens.
+
+The rooms, one idea each:
+    storage.py   a group's tensors and how layers form groups (`Group`, `layout`)
+    plan.py      one forward's plan: write slots, masks, positions (`Step`, `plan_forward`)
+    evict.py     select what to keep (pure) and gather it back in position order; slicing for keeps_newest
+    rotate.py    RoPE re-rotation of kept keys, from the keys as written (no compounding rounding)
+    window.py    SnapKV's observation window: the newest W queries
+    kvcache.py   `KVCache`, the transformers `Cache` facade the engine and attention call
+"""
+
+from kvbench.cache.kvcache import KVCache
+from kvbench.cache.plan import Step
+from kvbench.cache.storage import Group, layout
+
+__all__ = ["KVCache", "Group", "Step", "layout"]

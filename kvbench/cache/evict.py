@@ -1,0 +1,115 @@
+"""Eviction of one group of layers: select what to keep (pure), then gather it back in position order.
+
+`select` ranks the pairs of every (layer, KV head, evicting sample) by the policy's score, the protected
+ones (the first `protect_first` positions and each row's newest `recent` ones) first, and returns the
+kept slots in position order; on equal scores the older pair goes first (stable sort). Rows may keep
+different counts (per-sample budgets): the K = max best are taken and a row keeping k_b < K drops its
+K - k_b lowest; its slots k_b .. K - 1 then receive copies past its count (never read, overwritten by the
+next writes). `gather` compacts every per-slot tensor to those slots, K/V `gather_layers` layers at a
+time; with re-rotation keys are rebuilt from their written copies (kvbench.cache.rotate).
+
+A policy whose score is the position (`keeps_newest`: window, StreamingLLM, ED) keeps the sinks and the
+newest pairs by slicing (`keep_newest`), with no score, sort or gather: the same pairs, less work.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvbench.cache import rotate
+from kvbench.policies.base import Policy, ScoreStats
+
+INF = float("inf")
+
+
+def select(score: torch.Tensor, pos: torch.Tensor, last: torch.Tensor, n: torch.Tensor, keep: torch.Tensor,
+           protect_first: int, recent: torch.Tensor) -> torch.Tensor:
+    """Kept slots (L, B', H, K) in position order, K = keep.max().
+
+    score, pos: (L, B', H, N); last: (1, B', 1, 1) last position processed; n, keep, recent: (B',) pairs
+    held, to keep, newest protected per row (on the score's device).
+    """
+    N, K = pos.shape[-1], int(keep.max())
+    protected = (pos < protect_first) | (pos > last - recent[None, :, None, None])
+    valid = torch.arange(N, device=pos.device) < n[None, :, None, None]
+    score = score.float().masked_fill(protected, INF).masked_fill(~valid, -INF)
+    # stable sort: ties keep position order, so the newer of equal pairs ranks higher
+    order = torch.sort(score, dim=-1, stable=True).indices[..., N - K :]  # (L, B', H, K) the K best
+    ragged = bool((keep != K).any())
+    if ragged:  # row b keeps its k_b best: the K - k_b lowest of the K go past the end, then clamp
+        drop = torch.arange(K, device=pos.device) < (K - keep)[None, :, None, None]
+        order = order.masked_fill(drop, N)
+    kept = torch.sort(order, dim=-1).values  # (L, B', H, K) slots in position order
+    return kept.clamp_(max=N - 1) if ragged else kept
+
+
+def gather(g, sel, kept: torch.Tensor, rows_of: dict[str, torch.Tensor], N: int, gather_layers: int,
+           inv_freq: torch.Tensor | None) -> None:
+    """Compact rows `sel` of every per-slot tensor of group `g` to the `kept` slots (L, B', H, K) of their N.
+
+    rows_of: the (L, B', H, N) per-slot tensors of those rows (positions, statistics, written rotary
+    positions), as the score read them; K/V are gathered `gather_layers` layers at a time.
+    """
+    K = kept.shape[-1]
+    for name, x in rows_of.items():
+        g.tensors()[name][:, sel, :, :K] = x.gather(-1, kept)
+    D = g.k.shape[-1]
+    for l0 in range(0, len(g.layers), gather_layers):
+        layers = slice(l0, min(l0 + gather_layers, len(g.layers)))
+        idx = kept[layers, ..., None].expand(-1, -1, -1, -1, D)
+        for x in (g.k, g.v) if g.k_src is None else (g.k_src, g.v):
+            y = x[layers, sel, :, :N].gather(3, idx)  # (l, B', H, K, D)
+            x[layers, sel, :, :K] = y
+            del y  # not alive while the next tensor is gathered
+        if g.k_src is not None:  # re-rotation: the keys afresh from their compacted written copies
+            rotate.from_written(g, layers, sel, K, inv_freq)
+
+
+def keep_newest(g, rows: torch.Tensor, keep: torch.Tensor, sinks: int, gather_layers: int) -> None:
+    """Keep slots [0, sinks) and the newest `keep - sinks` slots of every row, by slicing.
+
+    Rows that hold the same count c (and keep the same number) move slots [c - recent, c) to [sinks, keep)
+    in one copy per tensor (K/V `gather_layers` layers at a time when source and target overlap).
+    """
+    pairs = torch.stack([g.n[rows], keep[rows]], dim=1)
+    for c, k in torch.unique(pairs, dim=0).tolist():  # usually one (count, keep): all rows full; no device sync
+        recent = k - sinks
+        part = rows & (g.n == c) & (keep == k)
+        every = bool(part.all())
+        overlap = c - recent < k  # source and target slots overlap: copy through a temporary
+        sel = slice(None) if every else part.nonzero()[:, 0].to(g.device)
+        for x in g.tensors().values():  # (L, B, H, C+1[, D])
+            step = gather_layers if x.dim() == 5 else len(g.layers)
+            for l0 in range(0, len(g.layers), step):
+                src = x[l0 : l0 + step, sel, :, c - recent : c]  # a copy already when sel indexes rows
+                x[l0 : l0 + step, sel, :, sinks:k] = src.clone() if every and overlap else src
+
+
+def evict(g, rows: torch.Tensor, keep: torch.Tensor, policy: Policy, *, seen: torch.Tensor, qpos: torch.Tensor,
+          scale: float | None, inv_freq: torch.Tensor | None, gather_layers: int) -> None:
+    """Keep `keep` (B,) pairs of every (layer, head) of the rows (B,) bool of group `g`; counts updated."""
+    n_rows, k_rows = g.n[rows], keep[rows]
+    if bool((n_rows <= k_rows).any()):
+        raise RuntimeError("evict called on a sample that does not hold more than `keep` pairs")
+    if policy.keeps_newest and inv_freq is None:  # re-rotation moves keys: the generic path
+        keep_newest(g, rows, keep, policy.protect_first, gather_layers)
+    else:
+        budget = keep + policy.evict_every if g.budget is None else g.budget  # (B,): what the rows may hold
+        N, dev = int(n_rows.max()), g.device
+        sel = slice(None) if bool(rows.all()) else rows.nonzero()[:, 0].to(dev)
+        last = (seen[rows] - 1).to(dev)[None, :, None, None]
+        t = {name: x[:, sel, :, :N] for name, x in g.tensors().items() if x.dim() == 4}  # (L, B', H, N) each
+        stats = ScoreStats(
+            pos=t["pos"], last=last, sum_w=t.get("sum_w"), last_w=t.get("last_w"),
+            n=n_rows.to(dev)[None, :, None, None], layers=torch.tensor(g.layers, device=dev)[:, None, None, None],
+            keys=g.k[:, sel, :, :N] if policy.needs_keys else None,
+            queries=g.q[:, sel] if policy.query_window else None,
+            query_pos=qpos[rows].to(dev)[None, :, None, :] if policy.query_window else None,
+            scale=scale,
+        )
+        kept = select(policy.score(stats), t["pos"], last, n_rows.to(dev), k_rows.to(dev), policy.protect_first,
+                      policy.recent_pairs(budget)[rows].to(dev))
+        gather(g, sel, kept, t, N, gather_layers, inv_freq)
+        if g.q is not None and inv_freq is not None:  # kept queries follow the newest pairs
+            rotate.queries_follow(g, sel, (k_rows - n_rows).to(dev)[None, :, None, None], inv_freq)
+    g.n = torch.where(rows, keep, g.n)

@@ -1,0 +1,207 @@
+"""`KVCache`: the facade transformers and the engine see, over the rooms of kvbench.cache.
+
+It is a transformers `Cache` whose per-layer views write each chunk into preallocated storage
+(kvbench.cache.storage) and return the kept pairs; the engine drives it: `begin_forward(r, width)` before
+each forward (kvbench.cache.plan: write slots and masks, once for all layers of a group), `evict(rows,
+keep, policy)` between forwards (kvbench.cache.evict), `release()` when the batch ends (returns or
+raises): the tensors go at once, whatever still refers to the cache object. The layer views refer to the
+cache weakly, so a cache forms no reference cycle and is freed by reference counting alone;
+`KVCache.live()` lists the caches still alive without asking the cyclic collector.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import ClassVar
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from kvbench.cache import evict as eviction
+from kvbench.cache import plan, window
+from kvbench.cache.plan import Step
+from kvbench.cache.storage import Group, layout
+from kvbench.policies.base import Policy
+from kvbench.timing import SectionTimer
+
+
+class _LayerView(CacheLayerMixin):
+    """What transformers sees for one layer: `update` writes the chunk and returns the kept pairs."""
+
+    is_sliding = False
+
+    def __init__(self, cache: KVCache, layer_idx: int):
+        super().__init__()
+        self._cache = weakref.ref(cache)  # a strong reference would make a cycle: cache.layers -> view -> cache
+        self.layer_idx = layer_idx
+        self.is_initialized = True
+
+    @property
+    def cache(self) -> KVCache:
+        cache = self._cache()
+        if cache is None:
+            raise RuntimeError("the KV cache of this layer view no longer exists")
+        return cache
+
+    def lazy_initialization(self, key_states, value_states) -> None:  # storage is preallocated
+        pass
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        return self.cache.write(self.layer_idx, key_states, value_states)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.cache.step_keys, 0
+
+    def get_seq_length(self) -> int:
+        return int(self.cache.group_of(self.layer_idx).n.max())
+
+    def get_max_length(self) -> int:
+        return self.cache.group_of(self.layer_idx).capacity
+
+
+class KVCache(Cache):
+    """The evicting KV cache of one batch (kvbench.cache). `layer_devices[l]` is decoder layer l's device;
+    `budgets` (L, B) the pairs layer l of sample b may hold; `rope_inv_freq`: re-rotate kept keys."""
+
+    _live: ClassVar[weakref.WeakSet] = weakref.WeakSet()  # every cache not yet freed (no gc needed to find them)
+
+    def __init__(self, *, batch_size: int, num_kv_heads: int, head_dim: int, capacity: int | list[int],
+                 dtype: torch.dtype, layer_devices: list[torch.device | str], track_attention: bool = False,
+                 gather_layers: int = 4, num_q_heads: int | None = None, query_window: int = 0,
+                 rope_inv_freq: torch.Tensor | None = None, budgets: torch.Tensor | None = None):
+        self.batch_size_, self.heads, self.head_dim, self.dtype = batch_size, num_kv_heads, head_dim, dtype
+        self.q_heads, self.query_window = num_q_heads or num_kv_heads, query_window
+        self.query_scale: float | None = None  # the attention's softmax scale, seen at the first forward
+        self.rope_inv_freq = None if rope_inv_freq is None else rope_inv_freq.detach().float().cpu()  # (R/2,)
+        self.track_attention, self.gather_layers = track_attention, max(1, gather_layers)
+        self.num_layers = len(layer_devices)
+        self.budgets = None if budgets is None else budgets.to(torch.long).cpu()  # (L, B)
+        caps = capacity if isinstance(capacity, (list, tuple)) else [capacity]
+        self._groups = [Group(layers, batch_size, num_kv_heads, cap, head_dim, dtype, dev, track_attention, self.q_heads,
+                              query_window, budget=row, rerotate=self.rope_inv_freq is not None, index=gi)
+                        for gi, (dev, layers, cap, row) in enumerate(layout(layer_devices, caps, self.budgets))]
+        self._where = [(g, i) for g in self._groups for i in range(len(g.layers))]  # layer -> (group, index in it)
+        if self.rope_inv_freq is not None and len({tuple(g.budget.tolist()) for g in self._groups
+                                                   if g.budget is not None}) > 1:
+            raise ValueError("policy.rerotate=true needs the same budget in every layer (rotary positions are shared)")
+        self.seen = torch.zeros(batch_size, dtype=torch.long)  # real tokens processed per sample (CPU)
+        self.qpos = torch.full((batch_size, query_window), -1, dtype=torch.long)  # positions of the kept queries
+        self.peak_layer_pairs = 0  # max over time of sum over layers and samples of the pairs held
+        self.evictions = self.step_keys = 0
+        self._plan: tuple | None = None  # this forward's CPU plan (shared, per group)
+        self._steps: dict[int, Step] = {}
+        self.devices = list(dict.fromkeys(g.device for g in self._groups))
+        self.timer = SectionTimer()  # "evict" (engine) and "attn_stats" (kvbench.attention) sections
+        super().__init__(layers=[_LayerView(self, i) for i in range(self.num_layers)])
+        KVCache._live.add(self)
+
+    @classmethod
+    def live(cls) -> list[KVCache]:
+        """The caches still alive (referenced from somewhere), released or not."""
+        return list(cls._live)
+
+    def release(self) -> None:
+        """Drop every tensor this cache owns (idempotent); counts and peaks stay readable."""
+        self._groups, self._where, self._steps, self._plan = [], [], {}, None
+
+    # ------------------------------------------------------------------ sizes and contents
+    @property
+    def groups(self) -> list[Group]:
+        """The groups of layers that share counts and budgets (one per device unless budgets differ by layer)."""
+        return self._groups
+
+    def group_of(self, layer: int) -> Group:
+        return self._where[layer][0]
+
+    @property
+    def n(self) -> torch.Tensor:
+        """(B,) pairs held per sample (the most over layers; every layer holds it unless budgets differ by layer)."""
+        ns = [g.n for g in self._groups]
+        return ns[0] if len(ns) == 1 else torch.stack(ns).max(dim=0).values
+
+    @property
+    def capacity(self) -> int:
+        return max(g.capacity for g in self._groups)  # the most slots per sample of any layer
+
+    @property
+    def peak_kv_bytes(self) -> int:
+        """Largest KV cache held at once (kept pairs, all layers, all samples; K and V)."""
+        return self.peak_layer_pairs * 2 * self.heads * self.head_dim * torch.empty((), dtype=self.dtype).element_size()
+
+    def allocated_bytes(self) -> int:
+        """Bytes preallocated for the cache (K, V, positions and statistics, scratch slot included)."""
+        return sum(g.nbytes() for g in self._groups)
+
+    @staticmethod
+    def nbytes_for(*, batch_size: int, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int,
+                   dtype: torch.dtype, track_attention: bool, num_q_heads: int | None = None, query_window: int = 0,
+                   rerotate: bool = False) -> int:
+        """What `allocated_bytes()` reports for such a cache, before building it (kvbench.memory's account):
+        built from the same `Group` on the meta device, so the count cannot drift from the allocation."""
+        return Group(range(num_layers), batch_size, num_kv_heads, capacity, head_dim, dtype, "meta", track_attention,
+                     num_q_heads or num_kv_heads, query_window, rerotate=rerotate).nbytes()
+
+    def kept_positions(self, layer: int, sample: int) -> torch.Tensor:
+        """(H_kv, n_b) positions currently kept by `sample` in `layer`."""
+        g, i = self._where[layer]
+        return g.pos[i, sample, :, : int(g.n[sample])].cpu()
+
+    # ------------------------------------------------------------------ one forward
+    def begin_forward(self, r: torch.Tensor, width: int) -> torch.Tensor:
+        """Prepare a forward over a (B, width) chunk where sample b's r_b real tokens are right-aligned.
+
+        Returns the (B, width) position ids (true positions, 0 for pads; with re-rotation the slots, i.e.
+        positions counted from the kept pairs). Must be called before each forward.
+        """
+        shared, per_group = plan.plan_forward(self._groups, self.seen, r, width)
+        if self.query_window:  # the newest W queries of (kept ++ this chunk's real ones), oldest first
+            self.qpos, shared["q_src"] = window.advance(self.qpos, self.seen, r, width)
+        self._plan, self._steps = (shared, per_group), {}
+        self.step_keys = max(c["n_keys"] for c in per_group)
+        self.seen = self.seen + r
+        held = sum(len(g.layers) * int(g.n.sum()) for g in self._groups)
+        self.peak_layer_pairs = max(self.peak_layer_pairs, held)
+        if self.rope_inv_freq is not None:  # a pair's rotary position is its slot (one count for every layer)
+            return torch.where(shared["real"], self._groups[0].n[:, None] - r[:, None] + shared["j"],
+                               torch.zeros_like(shared["j"]))
+        return shared["positions"].long()
+
+    def step_for(self, layer: int) -> Step:
+        """The current forward's Step for `layer`'s group, on its device (built once per group per forward)."""
+        g = self._where[layer][0]
+        if g.index not in self._steps:
+            self._steps[g.index] = plan.step(self._plan[0], self._plan[1][g.index], g.device)
+        return self._steps[g.index]
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store a chunk's keys/values (B, H, T, D) of `layer`; return the kept pairs (B, H, N, D)."""
+        g, i = self._where[layer]
+        return g.write(i, self.step_for(layer), k, v)
+
+    def remember_queries(self, layer: int, query: torch.Tensor, scaling: float) -> None:
+        """Keep the newest `query_window` real queries of `layer` (query (B, H_q, T, D), RoPE applied)."""
+        g, i = self._where[layer]
+        g.q[i] = window.remember(g.q[i], self.step_for(layer).q_src, query)
+        self.query_scale = scaling
+
+    def accumulate(self, layer: int, w_sum: torch.Tensor, w_last: torch.Tensor) -> None:
+        """Add a forward's attention statistics (B, H_kv, N) of `layer` (pads already excluded)."""
+        g, i = self._where[layer]
+        g.accumulate(i, self.step_for(layer), w_sum, w_last)
+
+    # ------------------------------------------------------------------ between forwards
+    def evict(self, rows: torch.Tensor, keep, policy: Policy, group: Group | None = None) -> None:
+        """Keep the `keep` (an int, or (B,) per sample) best pairs of every (layer, head) of the samples in
+        `rows` ((B,) bool, CPU), in `group` (None: every group); kvbench.cache.evict says how."""
+        if not bool(rows.any()):
+            return
+        keep = torch.as_tensor(keep, dtype=torch.long).expand(self.batch_size_)
+        for g in self._groups if group is None else [group]:
+            eviction.evict(g, rows, keep, policy, seen=self.seen, qpos=self.qpos, scale=self.query_scale,
+                           inv_freq=self.rope_inv_freq, gather_layers=self.gather_layers)
+        self.evictions += 1
+
+    def resize(self, capacity: int, group: Group | None = None) -> None:
+        """Reallocate a group (None: every group) to `capacity` slots, freeing the rest."""
+        for g in self._groups if group is None else [group]:
+            g.resize(capacity)

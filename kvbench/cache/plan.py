@@ -1,0 +1,98 @@
+"""One forward's plan: which slot each token is written to, what each query may see, its positions.
+
+A forward processes a (B, T) chunk in which sample b's r_b real tokens are right-aligned (pads to
+their left: `right_aligned`). `plan_forward` computes, on the CPU and once for all the layers of a
+group, where each real token is written (slots n_b .. n_b + r_b - 1; pads go to the scratch slot C),
+and the mask: query i of sample b sees slot c iff c <= n_before_b + j_i (j_i its index among the
+sample's new tokens; causal inside the chunk, every kept pair before it), slot 0 always, so a pad row
+is never empty (pad rows are discarded). `step` then moves a group's plan to its device as a `Step`,
+the object attention and writes read. The serving engine lays out its packed forwards the same way
+(`kvbench.serve.pool.Layout` uses `right_aligned`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Step:
+    """Per-forward state shared by all layers of one group, on its device."""
+
+    b_idx: torch.Tensor  # (B, T) sample index of each chunk token
+    slot: torch.Tensor  # (B, T) slot each token is written to (C = scratch for pads)
+    positions: torch.Tensor  # (B, T) int32 true positions (0 for pads)
+    real: torch.Tensor  # (B, T) bool: token is a real (non-pad) query
+    all_real: bool  # no pad query in this forward (known on the CPU: no device sync to test it)
+    active: torch.Tensor  # (B,) bool: sample has at least one real token in this chunk
+    mask: torch.Tensor | None  # (B, 1, T, N) bool, None when not needed
+    causal: bool  # use SDPA's is_causal instead of a mask
+    n_keys: int  # N = max count after the write
+    seqlens: torch.Tensor  # (B,) int32 count per sample after the write (flash-attn's cache_seqlens)
+    q_src: torch.Tensor | None = None  # (B, W) source of each kept query in cat(kept queries, chunk)
+
+
+def right_aligned(r: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(real, j), both (R, width): whether each column holds a real token of row b (its r_b tokens are the
+    last r_b columns) and the token's index among the row's new tokens (negative for pads)."""
+    j = torch.arange(width)[None, :] - (width - r.to(torch.long))[:, None]
+    return j >= 0, j
+
+
+def plan_forward(groups, seen: torch.Tensor, r: torch.Tensor, width: int) -> tuple[dict, list[dict]]:
+    """The CPU plan of one forward: what every group shares and each group's own (its counts advance).
+
+    groups: the cache's groups (their `n` are updated to the counts after the write); seen (B,): real
+    tokens processed per sample before this forward.
+    """
+    B, T = len(seen), width
+    r = r.to(torch.long)
+    real, j = right_aligned(r, T)
+    positions = torch.where(real, seen[:, None] + j, torch.zeros_like(j))
+    shared = dict(b_idx=torch.arange(B)[:, None].expand(B, T), positions=positions.to(torch.int32), real=real,
+                  all_real=bool(real.all()), active=r > 0, T=T, j=j)
+    per_group = []
+    for g in groups:
+        n_old, n_new = g.n, g.n + r
+        n_keys = int(n_new.max())
+        if n_keys > g.capacity:
+            raise RuntimeError(f"KV cache overflow: {n_keys} pairs > capacity {g.capacity}")
+        uniform = bool((n_new == n_keys).all())
+        causal = bool((n_old == 0).all() and (r == T).all()) and T > 1
+        need_mask = not (causal or (T == 1 and uniform))
+        per_group.append(dict(
+            slot=torch.where(real, n_old[:, None] + j, torch.full_like(j, g.capacity)),
+            thresh=(n_new - T) if need_mask else None,  # slot c visible to chunk row i iff c - i <= thresh
+            causal=causal,
+            n_keys=n_keys,
+            seqlens=n_new.to(torch.int32),
+        ))
+        g.n = n_new
+    return shared, per_group
+
+
+def step(shared: dict, mine: dict, device: torch.device) -> Step:
+    """A group's plan (`plan_forward`'s shared and own parts) on its device."""
+    mask = None
+    if mine["thresh"] is not None:
+        q = torch.arange(shared["T"], device=device)
+        k = torch.arange(mine["n_keys"], device=device)
+        thresh = mine["thresh"].to(device)
+        mask = (k[None, None, :] - q[None, :, None]) <= thresh[:, None, None]  # (B, T, N)
+        mask[:, :, 0] = True
+        mask = mask[:, None]  # (B, 1, T, N)
+    return Step(
+        b_idx=shared["b_idx"].to(device),
+        slot=mine["slot"].to(device),
+        positions=shared["positions"].to(device),
+        real=shared["real"].to(device),
+        all_real=shared["all_real"],
+        active=shared["active"].to(device),
+        mask=mask,
+        causal=mine["causal"],
+        n_keys=mine["n_keys"],
+        seqlens=mine["seqlens"].to(device),
+        q_src=shared["q_src"].to(device) if "q_src" in shared else None,
+    )

@@ -1,0 +1,121 @@
+"""The cache's storage: one group of layers' preallocated tensors, and how layers form groups.
+
+Per group (consecutive layers on one device that share a capacity and a budget row):
+
+    k, v           (L_g, B, H_kv, C + 1, D)   slots [0, n_b) hold sample b's kept pairs, in position
+                                              order; slot C is a scratch slot for a chunk's pad tokens
+    pos            (L_g, B, H_kv, C + 1)      source position of each slot (int32)
+    sum_w, last_w  (L_g, B, H_kv, C + 1)      attention statistics (float32), scored policies only
+    q              (L_g, B, H_q, W, D)        the newest W queries (RoPE applied), oldest first, for a
+                                              policy with a `query_window` W (SnapKV)
+    k_src, rot     (L_g, B, H_kv, C + 1[, D]) re-rotation only: each key as written and the rotary
+                                              position it was written at (int32)
+
+`n` (B,) on the CPU counts the pairs each sample holds in every layer of the group: scheduling
+decisions never sync the device. Memory changes only through `resize` (decode_only gives the prompt's
+slots back once it has compressed).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class Group:
+    """Stacked storage for consecutive layers on one device that share a capacity and budgets.
+
+    n: (B,) pairs held per sample by every layer of the group (CPU); budget: (B,) their budgets or None.
+    `index`: the group's position in its cache (its Step's key).
+    """
+
+    def __init__(self, layers, batch, heads, capacity, head_dim, dtype, device, track, q_heads=0, window=0,
+                 budget=None, rerotate=False, index=0):
+        self.layers = list(layers)
+        self.index = index
+        self.device = torch.device(device)
+        self.capacity = capacity
+        self.budget = budget
+        self.n = torch.zeros(batch, dtype=torch.long)
+        L, S = len(self.layers), capacity + 1
+        self.k = torch.zeros(L, batch, heads, S, head_dim, dtype=dtype, device=self.device)
+        self.v = torch.zeros_like(self.k)
+        self.pos = torch.zeros(L, batch, heads, S, dtype=torch.int32, device=self.device)
+        self.sum_w = torch.zeros(L, batch, heads, S, dtype=torch.float32, device=self.device) if track else None
+        self.last_w = torch.zeros_like(self.sum_w) if track else None
+        self.q = torch.zeros(L, batch, q_heads, window, head_dim, dtype=dtype, device=self.device) if window else None
+        self.k_src = torch.zeros_like(self.k) if rerotate else None  # keys as written (re-rotation's source)
+        self.rot = torch.zeros_like(self.pos) if rerotate else None  # the rotary position each was written at
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every per-slot tensor an eviction compacts (K/V-like ones have a last dimension D)."""
+        t = {"k": self.k, "v": self.v, "pos": self.pos}
+        if self.sum_w is not None:
+            t.update(sum_w=self.sum_w, last_w=self.last_w)
+        if self.k_src is not None:
+            t.update(k_src=self.k_src, rot=self.rot)
+        return t
+
+    def nbytes(self) -> int:
+        extra = [self.q] if self.q is not None else []
+        return sum(x.numel() * x.element_size() for x in [*self.tensors().values(), *extra])
+
+    def write(self, i: int, st, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store a chunk's keys/values (B, H, T, D) of the group's layer i at the Step's slots; return the
+        kept pairs (B, H, N, D)."""
+        K, V = self.k[i], self.v[i]  # (B, H, C+1, D)
+        K[st.b_idx, :, st.slot] = k.transpose(1, 2).to(K.dtype)  # (B, T, H, D) into the slots
+        V[st.b_idx, :, st.slot] = v.transpose(1, 2).to(V.dtype)
+        self.pos[i][st.b_idx, :, st.slot] = st.positions[..., None]
+        if self.k_src is not None:  # re-rotation: the key as written, and its rotary position (its slot)
+            self.k_src[i][st.b_idx, :, st.slot] = K[st.b_idx, :, st.slot]
+            self.rot[i][st.b_idx, :, st.slot] = st.slot.to(torch.int32)[..., None]
+        if self.sum_w is not None:
+            self.sum_w[i][st.b_idx, :, st.slot] = 0.0
+            self.last_w[i][st.b_idx, :, st.slot] = 0.0
+        N = st.n_keys
+        return K[:, :, :N], V[:, :, :N]
+
+    def accumulate(self, i: int, st, w_sum: torch.Tensor, w_last: torch.Tensor) -> None:
+        """Add a forward's attention statistics (B, H_kv, N) of layer i (pads already excluded)."""
+        N = w_sum.shape[-1]
+        self.sum_w[i][:, :, :N] += w_sum
+        lw = self.last_w[i][:, :, :N]
+        if st.all_real:  # every sample brought a query (always so while decoding)
+            lw.copy_(w_last)
+        else:  # samples with no token in this forward keep their newest query's row
+            lw.copy_(torch.where(st.active[:, None, None], w_last, lw))
+
+    def resize(self, capacity: int) -> None:
+        """Reallocate to `capacity` slots (must hold every sample's pairs), freeing the rest."""
+        if int(self.n.max()) > capacity:
+            raise RuntimeError("resize below the pairs held")
+        if capacity == self.capacity:
+            return
+        keep = int(self.n.max())
+        for name, x in list(self.tensors().items()):
+            shape = list(x.shape)
+            shape[3] = capacity + 1
+            y = torch.zeros(shape, dtype=x.dtype, device=x.device)
+            y[:, :, :, :keep] = x[:, :, :, :keep]
+            setattr(self, name, y)
+            del x
+        self.capacity = capacity
+
+
+def layout(layer_devices, capacities: list[int], budgets: torch.Tensor | None) -> list[tuple]:
+    """The cache's groups: [(device, layers, capacity, budget row (B,) or None)] of consecutive layers
+    sharing all three (kvbench.memory's account builds the same list)."""
+    L = len(layer_devices)
+    caps = list(capacities) * L if len(capacities) == 1 else list(capacities)
+    if len(caps) != L or (budgets is not None and budgets.shape[0] != L):
+        raise ValueError("one capacity (or one for all) and one budget row per layer")
+    runs: list[tuple] = []
+    for layer, dev in enumerate(layer_devices):
+        dev = torch.device(dev)
+        row = None if budgets is None else budgets[layer]
+        if runs and runs[-1][0] == dev and runs[-1][2] == caps[layer] and (
+                row is None or torch.equal(runs[-1][3], row)):
+            runs[-1][1].append(layer)
+        else:
+            runs.append((dev, [layer], caps[layer], row))
+    return runs

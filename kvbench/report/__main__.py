@@ -1,0 +1,3 @@
+from kvbench.report.cli import main
+
+main()

@@ -1,0 +1,86 @@
+"""The report's row model and labels: a run as a table row, method names, the paper's order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omegaconf import OmegaConf
+
+from kvbench.config import CONF_DIR
+
+METHODS = {"extreme_decode": "ED", "full": "FKV", "batch_max": "BM", "window": "Window", "h2o": "H2O", "tova": "TOVA"}
+SCHEDULES = {"prefill_and_decode": "P&D", "decode_only": "D"}
+METRICS = {"rouge2": "ROUGE-2", "accuracy": "accuracy"}  # the paper's columns, in order of preference
+PLOTS = {  # kind -> (file suffix, alt text)
+    "accuracy": ("accuracy_vs_throughput.png", "metric vs throughput"),
+    "batch": ("max_batch_size.png", "largest batch size per method"),
+    "memory": ("peak_memory.png", "peak memory vs batch size"),
+    "agreement": ("agreement_vs_kv.png", "agreement with FKV vs kv size"),
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    method: str
+    b: int
+    kv: int | None
+    metric: float | None = None
+    tok_s: float | None = None
+    oom: bool = False
+    ci: tuple[float, float] | None = field(default=None, compare=False)  # the metric's 95% bootstrap interval
+    run_id: str | None = field(default=None, compare=False)
+    serve: bool = False  # a mode=serve run: no batch size (the scheduler batches), b is 0
+
+    def cells(self) -> list[str]:
+        kv = "-" if self.kv is None else str(self.kv)
+        if self.oom:
+            return [self.method, f"(b={self.b} OOM)", kv, "-", "-"]
+        b = "serve" if self.serve else str(self.b)
+        return [self.method, b, kv, with_ci(self.metric, self.ci), f"{self.tok_s:.1f}"]
+
+
+def with_ci(value: float, ci, digits: int = 3, sign: str = "") -> str:
+    """`0.064 [0.051, 0.078]`, or the value alone when there is no interval."""
+    text = f"{value:{sign}.{digits}f}"
+    return text if ci is None else f"{text} [{ci[0]:{sign}.{digits}f}, {ci[1]:{sign}.{digits}f}]"
+
+
+def default_schedules() -> dict[str, str]:
+    """Policy name -> the schedule its conf/policy file runs it under."""
+    return {p.stem: OmegaConf.load(p).get("schedule") for p in sorted((CONF_DIR / "policy").glob("*.yaml"))}
+
+
+def method_of(rec: dict, defaults: dict[str, str]) -> str:
+    name = rec["policy"]
+    label = METHODS.get(name, name)
+    schedule = rec.get("schedule")
+    if name not in ("full", "extreme_decode") and schedule and schedule != defaults.get(name, schedule):
+        label += f" ({SCHEDULES.get(schedule, schedule)})"
+    return label
+
+
+def metric_key(records: list[dict]) -> str | None:
+    keys = {k for r in records for k in (r.get("metrics") or {})}
+    return next((k for k in METRICS if k in keys), min(keys) if keys else None)
+
+
+def line(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def method_rank(method: str) -> tuple:
+    """The paper's order (ED, FKV, BM), then the other methods by name."""
+    fixed = ("ED", "FKV", "BM")
+    return (fixed.index(method) if method in fixed else len(fixed), method)
+
+
+def order(r: Row) -> tuple:
+    return (method_rank(r.method), r.kv or 0, r.b, r.oom)
+
+
+def _int(v) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
