@@ -95,6 +95,10 @@ class ServeConfig:
     max_running: int | None = None  # most requests running at once; null: as many as the pool admits
     rate: float | None = None  # Poisson arrivals, requests/s (seeded by `seed`); null: all at time 0
     block_score: str = "sum"  # sum | norm_sum (OpenVINO's NORM_SUM: each pair's score / its lifetime)
+    eviction: str = "policy"  # policy: as configured | openvino: OpenVINO GenAI's preset (SERVE_PRESETS), policy=h2o
+    slo_ttft_s: float = 5.0  # goodput's objectives: time to first token and time per output token (seconds)
+    slo_tpot_s: float = 0.5
+    limit_cap: int = 16384  # mode=serve_limits: the longest generation tried (eviction makes it unbounded)
     plot: bool = True  # write the pool utilisation / running requests plot next to the predictions
 
 
@@ -121,7 +125,16 @@ class RootConfig:
     device: str = "auto"
 
 
-MODES = ("run", "prompt_report", "serve")
+MODES = ("run", "prompt_report", "serve", "serve_limits")
+SERVE_MODES = ("serve", "serve_limits")  # the modes that read serve.*
+# serve.eviction presets: the policy keys and serve keys they set (OpenVINO GenAI's cache eviction defaults:
+# a start area of 32 tokens, an evictable area of 512 and a recent area of 128, NORM_SUM of accumulated
+# attention, eviction once the prompt is processed); the policy must be h2o (accumulated attention), at its
+# own defaults for those keys
+SERVE_PRESETS = {"openvino": {"policy": {"kv_size": 32 + 512 + 128, "protect_first": 32, "protect_recent": 128,
+                                         "schedule": "decode_only"}, "serve": {"block_score": "norm_sum"}}}
+H2O_DEFAULTS = {"kv_size": 256, "protect_first": 0, "protect_recent": None, "schedule": "decode_only",
+                "block_score": "sum", "kv_ratio": None}
 SERVE_ATTENTION = ("auto", "sdpa")  # gen.attention values mode=serve applies (its paged SDPA)
 # keys that do not change what a run computes: left out of its identity hash
 NON_IDENTITY = ("results_dir", "logger", "skip_existing", "output", "experiment_name", "reproduce", "plan")
@@ -241,10 +254,21 @@ def _validate_serve(cfg: DictConfig) -> None:
         raise ConfigError("serve.rate", "must be a positive, finite number of requests/s, or null (all at time 0)", s.rate)
     if s.block_score not in BLOCK_SCORES:
         raise ConfigError("serve.block_score", f"must be one of {', '.join(BLOCK_SCORES)}", s.block_score)
-    if cfg.mode != "serve":
+    for key in ("slo_ttft_s", "slo_tpot_s"):
+        if not (isinstance(s[key], (int, float)) and s[key] > 0 and math.isfinite(s[key])):
+            raise ConfigError(f"serve.{key}", "must be a positive, finite number of seconds (goodput's objective)", s[key])
+    if not isinstance(s.limit_cap, int) or s.limit_cap <= 0:
+        raise ConfigError("serve.limit_cap", "must be a positive integer (tokens)", s.limit_cap)
+    if s.eviction != "policy" and s.eviction not in SERVE_PRESETS:
+        raise ConfigError("serve.eviction", f"must be policy or one of {', '.join(SERVE_PRESETS)}", s.eviction)
+    apply_serve_preset(cfg)
+    if cfg.mode not in SERVE_MODES:
         return
     if s.num_blocks is None and cfg.memory.budget_gb is None:
         raise ConfigError("serve.num_blocks", "null needs memory.budget_gb (the pool is sized from it)", None)
+    if s.num_blocks is None and cfg.mode == "serve_limits":
+        raise ConfigError("serve.num_blocks", "mode=serve_limits counts blocks without loading the model: give "
+                          "the pool's size", None)
     # static-engine settings serve mode would not apply: refused, never recorded as if they were
     if cfg.search.max_batch:
         raise ConfigError("search.max_batch", "has no meaning in mode=serve (the scheduler batches)", True)
@@ -272,9 +296,7 @@ def _validate_serve(cfg: DictConfig) -> None:
     if policy.query_window:
         raise ConfigError("policy", f"{policy.name} scores pairs with the newest queries (its observation window), "
                           "which mode=serve's paged pool does not keep", policy.name)
-    if policy.rerotate:
-        raise ConfigError("policy.rerotate", "mode=serve does not re-rotate kept keys yet (the paged pool keeps "
-                          "source positions)", True)
+
     bs, kv = s.block_size, policy.kv_size
     if kv % bs:
         raise ConfigError("serve.block_size", f"must divide policy.kv_size={kv} (eviction is by whole blocks)", bs)
@@ -290,6 +312,28 @@ def _validate_serve(cfg: DictConfig) -> None:
             "serve.num_blocks", f"the pool ({s.num_blocks} x {bs} tokens) is smaller than one request's budget "
             f"policy.kv_size={kv}", s.num_blocks,
         )
+
+
+def apply_serve_preset(cfg: DictConfig) -> None:
+    """serve.eviction=<preset>: set the keys SERVE_PRESETS names, in place (the record's config then shows
+    what ran); the policy must be h2o with those keys at its defaults (or already the preset's). Idempotent."""
+    name = cfg.serve.eviction
+    if name == "policy":
+        return
+    if cfg.mode not in SERVE_MODES:
+        raise ConfigError("serve.eviction", "is a serving-mode preset: use it with mode=serve", name)
+    if not str(cfg.policy.get("_target_", "")).endswith(".H2O"):
+        raise ConfigError("serve.eviction", f"{name} scores by accumulated attention: use it with policy=h2o", name)
+    preset = SERVE_PRESETS[name]
+    for group, values in preset.items():
+        for key, value in values.items():
+            now = cfg[group].get(key)
+            if now != value and now != H2O_DEFAULTS.get(key):
+                raise ConfigError(f"{group}.{key}", f"is set by serve.eviction={name} (to {value}): leave it at "
+                                  "policy=h2o's default", now)
+            cfg[group][key] = value
+    if cfg.policy.get("kv_ratio") is not None:
+        raise ConfigError("policy.kv_ratio", f"serve.eviction={name} sets kv_size", cfg.policy.kv_ratio)
 
 
 def _validate_plan(cfg: DictConfig) -> None:
@@ -327,8 +371,12 @@ def _identity_of(container: dict, kind: str) -> dict:
     if isinstance(c.get("policy"), dict):  # keys added later, at their defaults, change no identity
         c["policy"] = {k: v for k, v in c["policy"].items()
                        if not (k == "rerotate" and not v) and not (k == "kv_ratio" and v is None)}
-    if c.get("mode") != "serve":  # serve.* only matters to mode=serve (older runs keep their hash)
+    if c.get("mode") not in SERVE_MODES:  # serve.* only matters to the serve modes (older runs keep their hash)
         c.pop("serve", None)
+    elif isinstance(c.get("serve"), dict):  # keys added later at their defaults, and goodput's objectives (they
+        c["serve"] = {k: v for k, v in c["serve"].items()  # change no computation), change no identity
+                      if not (k == "eviction" and v == "policy") and not k.startswith("slo_")
+                      and not (k == "limit_cap" and c.get("mode") == "serve")}
     return c
 
 

@@ -34,6 +34,7 @@ def check_run(cfg: DictConfig) -> list[int] | None:
     from kvbench.models import check_loadable
 
     check_loadable(cfg)
+    check_rope(cfg)
     lengths = prompt_lengths(cfg)
     if lengths is not None:
         check_pool(cfg, lengths)
@@ -66,6 +67,24 @@ def prompt_lengths(cfg: DictConfig) -> list[int] | None:
             raise ConfigError("task", f"row {empty[0]} renders to an empty prompt", task.name)
         _lengths[key] = lengths
     return _lengths[key]
+
+
+def check_rope(cfg: DictConfig) -> None:
+    """policy.rerotate=true needs plain RoPE (read from the model's config, without its weights)."""
+    policy = build_policy(cfg)
+    if not (policy.rerotate and policy.evicts):
+        return
+    from hydra.utils import get_method
+
+    from kvbench.models import SPECS
+    from kvbench.models.geometry import rope_problem
+
+    loader = get_method(cfg.model._target_)
+    if loader in SPECS:
+        args = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if k != "_target_"}
+        why = rope_problem(SPECS[loader](**{**args, "device": "cpu"}).config)
+        if why:
+            raise ConfigError("policy.rerotate", f"needs plain RoPE: {why} (model={cfg.model.name})", True)
 
 
 def check_pool(cfg: DictConfig, lengths: list[int]) -> None:

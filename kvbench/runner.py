@@ -38,7 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 import kvbench
 from kvbench import engine, memory, preflight, results, search
 from kvbench.attention import resolve_backend
-from kvbench.config import build_policy, build_task, config_hash, validate
+from kvbench.config import SERVE_MODES, build_policy, build_task, config_hash, validate
 from kvbench.errors import ConfigError, OutOfMemory
 from kvbench.memory import is_oom
 from kvbench.models import weights_format
@@ -123,9 +123,9 @@ def new_record(cfg: DictConfig, policy, task) -> dict:
         "kv_size": policy.kv_size,
         "kv_ratio": policy.kv_ratio,
         "kv_budget": None,  # {"by": kv_size | kv_ratio, "min", "max", "per_layer"}: the budgets a (layer, sample) held
-        "evict_every": policy.evict_every if policy.evicts and cfg.mode != "serve" else None,
+        "evict_every": policy.evict_every if policy.evicts and cfg.mode not in SERVE_MODES else None,
         "schedule": policy.schedule if policy.evicts else None,
-        "batch_size": cfg.batch_size if cfg.mode != "serve" else None,  # serve: the scheduler batches
+        "batch_size": cfg.batch_size if cfg.mode not in SERVE_MODES else None,  # serve: the scheduler batches
         "n_samples": task.n_samples,
         "max_new_tokens": cfg.gen.max_new_tokens,
         "seed": cfg.seed,
@@ -339,7 +339,9 @@ def prompt_report(cfg: DictConfig, record: dict, lm: LoadedModel, policy, task, 
 
 
 # mode -> what runs it, all with one signature: (cfg, record, lm, policy, task, samples, ids, budget) -> rows
-MODES = {"run": run_static, "serve": serve_run.execute, "prompt_report": prompt_report}
+MODES = {"run": run_static, "serve": serve_run.execute, "prompt_report": prompt_report,
+         "serve_limits": serve_run.execute_limits}
+NO_MODEL = ("serve_limits",)  # modes that count without loading the model
 
 
 def run(cfg: DictConfig, lm: LoadedModel | None = None) -> dict:
@@ -369,7 +371,7 @@ def run(cfg: DictConfig, lm: LoadedModel | None = None) -> dict:
     rows: list[dict] = []
     recorded = True
     logger = None
-    serve_mode = cfg.mode == "serve"
+    serve_mode = cfg.mode in ("serve", "serve_limits")
     term = TermGuard().install()
     try:
         record["extensions"] = policy.describe(paged=serve_mode)["extensions"]
@@ -377,15 +379,17 @@ def run(cfg: DictConfig, lm: LoadedModel | None = None) -> dict:
         record["logger"] = logger.start()
         if record["logger"] and record["logger"].get("note"):
             record["notes"].append(record["logger"]["note"])
-        torch.manual_seed(cfg.seed)
-        lm = load_within(cfg, budget, lm)
-        gqa = lm.model.config.num_attention_heads != getattr(lm.model.config, "num_key_value_heads", None)
-        record["extensions"] = policy.describe(gqa=gqa, paged=serve_mode)["extensions"]
-        samples = task.samples(lm.tokenizer)
-        ids = [task.encode(lm.tokenizer, s.prompt) for s in samples]
-        record["prompts"] = prompt_stats(samples, ids)
-        if prompts is not None and [len(x) for x in ids] != prompts:  # the preflight's tokenizer is the model's
-            record["notes"].append("the preflight's prompt lengths differ from the loaded tokenizer's")
+        samples = ids = None
+        if cfg.mode not in NO_MODEL:
+            torch.manual_seed(cfg.seed)
+            lm = load_within(cfg, budget, lm)
+            gqa = lm.model.config.num_attention_heads != getattr(lm.model.config, "num_key_value_heads", None)
+            record["extensions"] = policy.describe(gqa=gqa, paged=serve_mode)["extensions"]
+            samples = task.samples(lm.tokenizer)
+            ids = [task.encode(lm.tokenizer, s.prompt) for s in samples]
+            record["prompts"] = prompt_stats(samples, ids)
+            if prompts is not None and [len(x) for x in ids] != prompts:  # the preflight's tokenizer is the model's
+                record["notes"].append("the preflight's prompt lengths differ from the loaded tokenizer's")
         rows = MODES[cfg.mode](cfg, record, lm, policy, task, samples, ids, budget)
     except ConfigError:  # bad input found once the model is loaded (a budget below its weights...): no record
         recorded = False

@@ -109,8 +109,6 @@ def violations(c: Combo) -> list[tuple[str, ...]]:
             out.append(("policy", "policy.kv_ratio"))  # per-layer budgets
         if c.policy == "snapkv":
             out.append(("policy",))  # its observation window's queries are not kept by the pool
-        if c.evicts and c.rerotate:
-            out.append(("policy.rerotate",))  # not in the paged pool yet
         if c.policy == "extreme_decode":
             out.append(("serve.block_size",))  # kv_size 2 is no whole number of 16-token blocks
     return out

@@ -8,7 +8,7 @@ prompts differ in length (161-273 tokens: a batch of 3 is left-padded), 6 new to
 A refused combination must stop in the CLI with exit code 2 and one line naming a key of the documented
 rule it breaks, with no model loaded. An accepted one runs, and its record is checked against spies on
 what really ran (not against the code that wrote it):
-- the attention function that ran (kvbench's backends, or the paged one in serve mode) is `attention`;
+- the attention function that ran (kvbench's backends, or serve mode's paged SDPA / fused) is `attention`;
 - no forward held more pairs than its budget (per group of layers and sample; serve: per request), and
   the budgets the cache held are `kv_budget`'s (kind, min, max, per layer); evicting policies evicted;
 - serve mode: `peak_kv_bytes` is the most blocks in use during a step times a block's K/V bytes;
@@ -31,7 +31,6 @@ import types
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from transformers import AttentionInterface
 
 from kvbench import attention as static_attention
 from kvbench import cli, runner
@@ -89,9 +88,9 @@ class Spy:
     def install(self, mp: pytest.MonkeyPatch) -> None:
         for name in ("_sdpa", "_flash", "_eager", "_fused"):
             mp.setattr(static_attention, name, self.tap(getattr(static_attention, name), name.strip("_")))
-        paged_attention.register()
-        mapping = AttentionInterface._global_mapping
-        mp.setitem(mapping, paged_attention.NAME, self.tap(mapping[paged_attention.NAME], "paged_sdpa"))
+        mp.setattr(paged_attention, "_fused", self.tap(paged_attention._fused, "paged_fused"))
+        sdpa = self.tap(torch.nn.functional.scaled_dot_product_attention, "paged_sdpa")
+        mp.setattr(paged_attention, "F", types.SimpleNamespace(scaled_dot_product_attention=sdpa))
         mp.setattr(_Batch, "__init__", self.batch_init(_Batch.__init__))
         mp.setattr(KVCache, "begin_forward", self.begin_forward(KVCache.begin_forward))
         mp.setattr(KVCache, "evict", self.evict(KVCache.evict))

@@ -33,3 +33,13 @@ def rope_inv_freq(model) -> torch.Tensor:
     if rope is None or getattr(rope, "attention_scaling", 1.0) != 1.0 or kind in ("dynamic", "longrope"):
         raise ValueError(f"policy.rerotate=true needs plain RoPE (this model's: {kind}); set policy.rerotate=false")
     return rope.inv_freq
+
+
+NOT_A_ROTATION = ("dynamic", "longrope", "yarn")  # RoPE types whose cos/sin change with the length or are scaled
+
+
+def rope_problem(config) -> str | None:
+    """Why re-rotation cannot work with this model config (None: plain RoPE, rotations compose)."""
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    kind = params.get("rope_type") or params.get("type") or "default"
+    return f"this model's RoPE is {kind}, not a plain rotation" if kind in NOT_A_ROTATION else None

@@ -38,6 +38,7 @@ class ServeOutput:
     evicted_blocks: int = 0
     timeline: list[tuple[float, int, int, int]] = field(default_factory=list)  # (t, blocks used, running, waiting)
     pool_bytes: int = 0
+    attention: str = ""  # what attended (kvbench.serve.attention.backend)
     block_bytes: int = 0  # one block in every layer: K, V, positions, statistics
     kv_block_bytes: int = 0  # one block in every layer: K and V only
 
@@ -83,13 +84,15 @@ def serve(
     for r in requests:
         if max_blocks(r, rule) > num_blocks:
             raise ConfigError("serve.num_blocks", too_small(r, rule, num_blocks), num_blocks)
-    runner = ModelRunner(model, num_blocks, block_size, policy, block_score)
+    rotate = policy.rerotate and policy.evicts  # cache rotation: kept keys re-rotated to contiguous slots
+    runner = ModelRunner(model, num_blocks, block_size, policy, block_score, rotate=rotate)
     bm = BlockManager(num_blocks, block_size)
     evictor = runner.evictor if policy.evicts else None
     sched = Scheduler(bm, rule, max_tokens_per_step, max_running, evictor)
     pending = sorted(requests, key=lambda r: (r.arrival, r.rid))
     eos = set(eos_token_ids)
-    out = ServeOutput(requests=list(requests), pool_bytes=runner.pool.nbytes(), block_bytes=runner.pool.nbytes() // num_blocks,
+    out = ServeOutput(requests=list(requests), pool_bytes=runner.pool.nbytes(), attention=runner.attention,
+                      block_bytes=runner.pool.nbytes() // num_blocks,
                       kv_block_bytes=2 * runner.pool.k[:, :block_size].numel() * runner.pool.k.element_size())
     clock, left = 0.0, len(pending)
     with paged(model, score_chunk=score_chunk):
@@ -106,6 +109,10 @@ def serve(
                 if plan.preempted:
                     continue
                 raise RuntimeError("serve: no request could be scheduled (the pool is too small?)")
+            if rotate:
+                for s in plan.scheduled:
+                    if s.evicted:
+                        runner.rerotate(s.req)
             nxt = runner.step(plan.scheduled)
             _sync(runner.device)
             dt = time.perf_counter() - t0

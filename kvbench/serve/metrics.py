@@ -4,6 +4,8 @@ requests/s and output tokens/s are over the engine clock from the first arrival 
 completion. TTFT = first token - arrival (queueing included); TPOT = (finish - first token) /
 (output tokens - 1), per request with at least two tokens. Percentiles interpolate linearly.
 Pool utilisation = blocks in use / pool blocks, one point per step (`timeline`).
+Goodput = requests/s that met both objectives: TTFT <= `slo_ttft_s` and TPOT <= `slo_tpot_s` (a request
+with one output token has no TPOT: only its TTFT counts); `slo_attained` is their share of the requests.
 """
 
 from __future__ import annotations
@@ -29,8 +31,14 @@ def percentiles(xs: list[float]) -> dict | None:
     return {"p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "mean": statistics.fmean(ys)}
 
 
-def summarise(out: ServeOutput, num_blocks: int, block_size: int) -> dict:
+def tpot(r) -> float | None:
+    return (r.finished_at - r.first_token_at) / (len(r.output) - 1) if len(r.output) > 1 else None
+
+
+def summarise(out: ServeOutput, num_blocks: int, block_size: int, slo_ttft_s: float = float("inf"),
+              slo_tpot_s: float = float("inf")) -> dict:
     reqs = [r for r in out.requests if r.finished_at is not None]
+    good = [r for r in reqs if r.first_token_at - r.arrival <= slo_ttft_s and (tpot(r) or 0.0) <= slo_tpot_s]
     t0 = min((r.arrival for r in out.requests), default=0.0)
     span = max(out.wall_s - t0, 1e-9)
     n_out = sum(len(r.output) for r in reqs)
@@ -43,7 +51,10 @@ def summarise(out: ServeOutput, num_blocks: int, block_size: int) -> dict:
         "output_tok_s": n_out / span,
         "output_tokens": n_out,
         "ttft_s": percentiles([r.first_token_at - r.arrival for r in reqs]),
-        "tpot_s": percentiles([(r.finished_at - r.first_token_at) / (len(r.output) - 1) for r in reqs if len(r.output) > 1]),
+        "tpot_s": percentiles([t for r in reqs if (t := tpot(r)) is not None]),
+        "goodput_rps": len(good) / span,
+        "slo_attained": len(good) / len(out.requests) if out.requests else 0.0,
+        "slo": {"ttft_s": slo_ttft_s, "tpot_s": slo_tpot_s},
         "preemptions": out.preemptions,
         "recomputed_tokens": out.recomputed_tokens,
         "evicted_blocks": out.evicted_blocks,

@@ -5,7 +5,7 @@ Called by `kvbench.runner.run` after the model, task and policy are built; fills
 metrics under `serve`) and returns the prediction rows (with each request's timings). What the static
 engine's fields would claim and serve mode does not apply stays null (`batch_size`: the scheduler
 batches; `evict_every`: whole blocks go, the fewest that keep a request in budget); `attention` is
-`paged_sdpa` (SDPA over each request's gathered pages, statistics from a separate pass).
+what attended (kvbench.serve.attention: `paged_sdpa`, `paged_fused` for scored policies, `paged_flash`).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ def pool_blocks(cfg: DictConfig, lm, policy, budget: memory.Budget | None) -> in
     per_block = PagedPool.block_bytes(
         num_layers=len(geo["layer_devices"]), block_size=cfg.serve.block_size, num_kv_heads=geo["num_kv_heads"],
         head_dim=geo["head_dim"], dtype=geo["dtype"], track_attention=policy.needs_attention,
+        rerotate=policy.rerotate and policy.evicts,
     )
     free = budget.usable - sum(memory.ModelShape.of(lm.model).weights.values())  # memory.reserve_gb is not the pool's
     n = free // per_block
@@ -55,12 +56,8 @@ def extensions(cfg: DictConfig, policy) -> list[str]:
     return ext
 
 
-ATTENTION = "paged_sdpa"  # the record's `attention`: SDPA over gathered pages (kvbench.serve.attention)
-
-
 def execute(cfg: DictConfig, record: dict, lm, policy, task, samples, ids, budget=None) -> list[dict]:
     s = cfg.serve
-    record["attention"] = ATTENTION
     num_blocks = pool_blocks(cfg, lm, policy, budget)
     reqs = build_requests(ids, cfg.gen.max_new_tokens, s.rate, cfg.seed)
     out = serve(
@@ -75,11 +72,12 @@ def execute(cfg: DictConfig, record: dict, lm, policy, task, samples, ids, budge
             arrival_s=r.arrival, ttft_s=r.first_token_at - r.arrival, finished_s=r.finished_at,
             preemptions=r.preemptions, evicted_blocks=r.evicted_blocks,
         )
-    summary = metrics.summarise(out, num_blocks, s.block_size)
+    summary = metrics.summarise(out, num_blocks, s.block_size, s.slo_ttft_s, s.slo_tpot_s)
     kv_block = out.kv_block_bytes
     record.update(
         status="ok",
         mode="serve",
+        attention=out.attention,
         batch_size=None,
         evict_every=None,
         kv_budget={"by": "kv_size", "min": policy.kv_size, "max": policy.kv_size, "per_layer": False}
@@ -100,3 +98,29 @@ def execute(cfg: DictConfig, record: dict, lm, policy, task, samples, ids, budge
         metrics.plot(summary, path, f"{record['model']} {record['task']} {record['policy']} kv={record['kv_size'] or 'all'}")
         summary["plot_path"] = str(path)
     return rows
+
+
+def execute_limits(cfg: DictConfig, record: dict, lm, policy, task, samples, ids, budget=None) -> list[dict]:
+    """mode=serve_limits: OpenVINO's two limit checks (kvbench.serve.limits) on the task's prompt lengths,
+    for this pool, policy and schedule; no model is loaded (`lm`, `samples` and `ids` are None)."""
+    from kvbench.preflight import prompt_lengths
+    from kvbench.serve.evict import BlockRule
+    from kvbench.serve.limits import Pool, fewest_sequences_to_fill, longest_generation
+
+    s = cfg.serve
+    lengths = prompt_lengths(cfg)
+    rule = BlockRule.of(policy, s.block_size)
+    pool = Pool(s.num_blocks, s.block_size, s.max_tokens_per_step, s.max_running)
+    record.update(
+        status="ok", mode="serve_limits", batch_size=None, evict_every=None,
+        prompts={"n": len(lengths), "tokens_min": min(lengths), "tokens_max": max(lengths),
+                 "tokens_mean": round(sum(lengths) / len(lengths), 1)},
+        serve_limits={
+            "num_blocks": s.num_blocks, "block_size": s.block_size,
+            "longest_generation": longest_generation(max(lengths), rule, pool, s.limit_cap),
+            "fewest_sequences_to_fill": fewest_sequences_to_fill(lengths, cfg.gen.max_new_tokens, rule, pool),
+        },
+    )
+    record["extensions"] = record.get("extensions", []) + extensions(cfg, policy)
+    return []
+

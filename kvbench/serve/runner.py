@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.models.geometry import model_geometry
+from kvbench.cache.rotate import rotate
+from kvbench.models.geometry import model_geometry, rope_inv_freq
 from kvbench.policies.base import Policy, ScoreStats
+from kvbench.serve.attention import backend as attention_backend
 from kvbench.serve.evict import block_scores, choose_blocks
 from kvbench.serve.pool import Layout, PagedPool
 from kvbench.serve.request import Request
@@ -20,28 +22,33 @@ from kvbench.serve.scheduler import Scheduled
 
 
 class ModelRunner:
-    def __init__(self, model, num_blocks: int, block_size: int, policy: Policy, block_score: str = "sum"):
+    def __init__(self, model, num_blocks: int, block_size: int, policy: Policy, block_score: str = "sum",
+                 rotate: bool = False):
         geo = model_geometry(model)
         devices = set(geo["layer_devices"])
         if len(devices) != 1:
             raise ValueError("serve mode runs on one device (the model is split across several)")
         self.model, self.policy, self.block_score = model, policy, block_score
         self.device = model.get_input_embeddings().weight.device
+        self.inv_freq = rope_inv_freq(model).detach().float().cpu() if rotate else None
         self.pool = PagedPool(
             num_layers=len(geo["layer_devices"]), num_blocks=num_blocks, block_size=block_size,
             num_kv_heads=geo["num_kv_heads"], head_dim=geo["head_dim"], dtype=geo["dtype"], device=self.device,
-            track_attention=policy.needs_attention,
+            track_attention=policy.needs_attention, rerotate=rotate,
         )
+        self.attention = attention_backend(self.device, geo["dtype"], policy.needs_attention, block_size)
 
     @torch.inference_mode()
     def step(self, scheduled: list[Scheduled]) -> dict[int, int]:
         """Run one forward; returns {request id: next token} for requests that completed their sequence."""
         reqs = [s.req for s in scheduled]
         k = [s.num_tokens for s in scheduled]
-        lay = Layout.build(
-            self.pool, [r.blocks for r in reqs], [r.n_slots for r in reqs], k, [r.num_computed for r in reqs], self.device
-        )
-        self.pool.pos[lay.write] = lay.positions[0]
+        lay = Layout.build(self.pool, [r.blocks for r in reqs], [r.n_slots for r in reqs], k,
+                           [r.num_computed for r in reqs], self.device, rotary=self.inv_freq is not None)
+        lay.attention = self.attention
+        self.pool.pos[lay.write] = lay.source
+        if self.pool.rot is not None:  # the rotary position each key is written at: its slot
+            self.pool.rot[lay.write] = lay.positions[0]
         ids = torch.tensor([t for r, n in zip(reqs, k, strict=True) for t in r.tokens(n)], dtype=torch.long)
         done = [i for i, (r, n) in enumerate(zip(reqs, k, strict=True)) if r.num_computed + n == r.seq_len]
         out = {}
@@ -57,6 +64,14 @@ class ModelRunner:
         else:  # prefill chunks only: no logits
             self.model.get_decoder()(**kw)
         return out
+
+    @torch.inference_mode()
+    def rerotate(self, req: Request) -> None:
+        """After `req` lost blocks: every kept key of it, in every layer, afresh from its written copy, rotated
+        from the slot it was written at to the logical slot it holds now (cache rotation, no compounding)."""
+        slots = self.pool.slots(req.blocks, req.n_slots).to(self.device)  # (N,) in logical order
+        delta = (torch.arange(len(slots), device=self.device) - self.pool.rot[slots])[None, :, None]  # (1, N, 1)
+        self.pool.k[:, slots] = rotate(self.pool.k_src[:, slots], delta, self.inv_freq)  # (L, N, H, D)
 
     def evictor(self, req: Request, candidates: range, n: int) -> list[int]:
         """The n lowest-scored evictable blocks of `req` (its policy's pair scores, aggregated per block)."""

@@ -102,6 +102,15 @@ class Scheduler:
     def _new_blocks(self, req: Request, k: int) -> int:
         return blocks_for(req.n_slots + k, self.rule.block_size) - len(req.blocks)
 
+    def waiting_for_memory(self) -> bool:
+        """Whether the first waiting request could start but for free blocks (not the step's token budget,
+        not max_running): the pool is full for it."""
+        if not self.waiting or (self.max_running is not None and len(self.running) >= self.max_running):
+            return False
+        req = self.waiting[0]
+        k, e = self._chunk(req, self.max_tokens)
+        return k > 0 and not e and not self.bm.can_allocate(self._new_blocks(req, k))
+
     def schedule(self) -> StepPlan:
         plan = StepPlan()
         budget = self.max_tokens
