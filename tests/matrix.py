@@ -1,9 +1,10 @@
 """The configuration matrix: every option the docs offer as a choice, against every other.
 
 Axes (`AXES`): the 12 policies (PyramidKV is the per-layer budget kind), `policy.schedule`, the budget
-kind (`kv_size` or `kv_ratio`), `mode` (run, serve), `gen.attention`, `policy.rerotate`, the model
-(tiny Llama with GQA, tiny Phi-3 without), the batch (1, or 3 prompts of different lengths, left-padded)
-and the model's dtype (float32, bfloat16). A point of the product is a `Combo`.
+kind (`kv_size` or `kv_ratio`), `mode` (run, serve, serve_limits), `serve.eviction` (policy, openvino),
+`gen.attention`, `policy.rerotate`, the model (tiny Llama with GQA, tiny Phi-3 without), the batch (1, or
+3 prompts of different lengths, left-padded) and the model's dtype (float32, bfloat16). A point of the
+product is a `Combo`.
 
 For each combination exactly one outcome is allowed, and `refusal` says which, from the documented
 rules alone (docs: "What is refused, and why"):
@@ -29,7 +30,8 @@ AXES = {
     "policy": POLICIES,
     "schedule": ("prefill_and_decode", "decode_only"),
     "budget": ("kv_size", "kv_ratio"),
-    "mode": ("run", "serve"),
+    "mode": ("run", "serve", "serve_limits"),
+    "eviction": ("policy", "openvino"),
     "attention": ("auto", "sdpa", "eager", "fused"),
     "rerotate": (False, True),
     "model": ("tiny-llama", "tiny-phi3"),
@@ -57,6 +59,7 @@ class Combo:
     schedule: str
     budget: str
     mode: str
+    eviction: str
     attention: str
     rerotate: bool
     model: str
@@ -74,15 +77,25 @@ class Combo:
     def overrides(self) -> list[str]:
         """The command line of this combination (task, data and results_dir are added by the test)."""
         out = [f"policy={self.policy}", f"policy.schedule={self.schedule}", f"mode={self.mode}",
+               f"serve.eviction={self.eviction}",
                f"gen.attention={self.attention}", f"policy.rerotate={str(self.rerotate).lower()}",
                f"model={self.model}", f"model.dtype={self.dtype}", f"batch_size={self.batch}"]
         if self.budget == "kv_ratio":
             out.append(f"policy.kv_ratio={KV_RATIO}")
-        elif self.policy not in ("full", "extreme_decode"):
+        elif self.policy not in ("full", "extreme_decode") and not self.preset:
             out.append(f"policy.kv_size={KV_SIZE}")
         if self.policy not in ("full", "extreme_decode"):
             out.append(f"policy.evict_every={EVICT_EVERY}")
         return out
+
+    @property
+    def preset(self) -> bool:
+        """serve.eviction=openvino: its kv_size (672) is the budget, so kv_size is not overridden."""
+        return self.eviction == "openvino"
+
+    @property
+    def serving(self) -> bool:
+        return self.mode in ("serve", "serve_limits")
 
 
 def violations(c: Combo) -> list[tuple[str, ...]]:
@@ -98,7 +111,16 @@ def violations(c: Combo) -> list[tuple[str, ...]]:
         out.append(("policy.kv_ratio",))  # it keeps one pair, whatever the prompt
     if c.policy == "pyramidkv" and c.rerotate:
         out.append(("policy.rerotate",))  # rotary positions are shared by layers of different budgets
-    if c.mode == "serve":
+    if c.preset:  # OpenVINO's preset: serving modes, H2O's accumulated attention, its own areas and schedule
+        if not c.serving:
+            out.append(("serve.eviction",))
+        if c.policy != "h2o":
+            out.append(("serve.eviction",))
+        elif c.schedule != "decode_only":
+            out.append(("policy.schedule",))
+        if c.policy == "h2o" and c.budget == "kv_ratio":
+            out.append(("policy.kv_ratio",))
+    if c.serving:
         if c.batch != 1:
             out.append(("batch_size",))  # the scheduler batches
         if c.attention not in ("auto", "sdpa"):
@@ -163,9 +185,10 @@ def expected_extensions(c: Combo) -> tuple[list[str], list[str]]:
     else:
         (need if c.rerotate else never).append("rerotate")
     (need if c.budget == "kv_ratio" else never).append("kv_ratio=")
-    (need if c.mode == "serve" else never).append("serve_block_eviction")
+    (need if c.serving else never).append("serve_block_eviction")
+    (need if c.preset else never).append("serve.eviction=openvino")
     gqa = GQA_NOTE.get(c.policy)
-    if c.model == "tiny-llama" and gqa:
+    if c.model == "tiny-llama" and gqa and c.mode != "serve_limits":  # serve_limits scores nothing
         need.append(gqa)
     else:
         never += ["gqa", "GQA"]

@@ -82,19 +82,23 @@ def longest_generation(prompt: int, rule: BlockRule, pool: Pool, cap: int) -> di
 
 
 def fewest_sequences_to_fill(lengths: list[int], max_new_tokens: int, rule: BlockRule, pool: Pool) -> dict:
-    """The fewest requests (prompts cycling through `lengths`) that fill the pool; None when none do."""
+    """The fewest requests (prompts cycling through `lengths`) that fill the pool; None when none do: when
+    doubling the requests no longer raises the most blocks in use, they finish faster than the scheduler
+    admits more (its step budget or max_running caps how many run at once) and the pool never fills."""
     tried: dict[int, bool] = {}
+    most: dict[int, int] = {}
 
     def fills(n: int) -> bool:
         if n not in tried:
             got, _ = replay([lengths[i % len(lengths)] for i in range(n)], max_new_tokens, rule, pool, True)
-            tried[n] = got.filled
+            tried[n], most[n] = got.filled, got.most_blocks
         return tried[n]
 
     hi = 1
     while not fills(hi):
-        if hi >= MAX_SEQUENCES or (pool.max_running is not None and hi >= pool.max_running):
-            return {"sequences": None, "max_new_tokens": max_new_tokens, "tried": sorted(tried.items())}
+        if hi >= MAX_SEQUENCES or (hi > 1 and most[hi] <= most[hi // 2]):
+            return {"sequences": None, "max_new_tokens": max_new_tokens, "most_blocks": max(most.values()),
+                    "tried": sorted(tried.items())}
         hi *= 2
     lo = hi // 2  # fills(lo) is False (or lo == 0)
     while hi - lo > 1:

@@ -53,6 +53,10 @@ def extensions(cfg: DictConfig, policy) -> list[str]:
         ]
         if policy.protect_first % s.block_size:
             ext.append(f"serve_protect_first_rounded_up_to_blocks({policy.protect_first})")
+    if s.eviction != "policy":
+        ext.append(f"serve.eviction={s.eviction}: OpenVINO GenAI's preset (start area {policy.protect_first}, "
+                   f"recent area {policy.protect_recent}, {policy.kv_size} tokens in all, NORM_SUM of H2O's "
+                   "accumulated attention, evicting once the prompt is processed)")
     return ext
 
 
