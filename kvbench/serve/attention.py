@@ -87,7 +87,7 @@ def paged_attention(module, query, key, value, attention_mask, scaling=None, dro
             sw[idx] += w_sum.transpose(1, 2)[valid]
             lw[idx] = w_last.transpose(1, 2)[valid]
         else:
-            o = F.scaled_dot_product_attention(qp, k.to(qp.dtype), v.to(qp.dtype), attn_mask=part.mask, scale=scaling,
+            o = F.scaled_dot_product_attention(qp, k.to(qp.dtype), v.to(qp.dtype), attn_mask=part.additive(qp.dtype), scale=scaling,
                                                is_causal=part.causal, enable_gqa=qp.shape[1] != H
                                                ).transpose(1, 2)  # (R_p, K_q, Hq, D)
         out[part.out] = o[part.real]

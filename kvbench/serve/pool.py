@@ -84,6 +84,14 @@ class Part:
     all_real: bool
     causal: bool = False  # one row whose keys are exactly this chunk's (a first chunk): causal, no mask
     fresh: slice | None = None  # then its keys are the forward's own new keys [fresh]: nothing to gather
+    bias: torch.Tensor | None = None  # the mask as SDPA's additive float mask, made once for all layers
+
+    def additive(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """`mask` as 0 / -inf in `dtype`, built at the first layer and reused by the others."""
+        if self.mask is not None and self.bias is None:
+            self.bias = torch.zeros(self.mask.shape, dtype=dtype, device=self.mask.device).masked_fill_(
+                ~self.mask, float("-inf"))
+        return self.bias
 
     @property
     def rows(self) -> int:

@@ -1,0 +1,48 @@
+"""Serve mode's attention cost follows the real work (issue 23): a forward's layout gives every prefill
+chunk a part of its own, groups decode rows by the blocks they read with bounded padding, never pads a
+decode row to a chunk's width, and lets a first chunk attend to its own new keys without a gather."""
+
+from __future__ import annotations
+
+import torch
+
+from kvbench.serve.pool import DECODE_PAD, Layout, PagedPool
+
+
+def layout(n_before, k, bs=4):
+    pool = PagedPool(num_layers=1, num_blocks=200, block_size=bs, num_kv_heads=1, head_dim=2, dtype=torch.float32,
+                     device="cpu", track_attention=False)
+    tables, nxt = [], 0
+    for nb, kk in zip(n_before, k, strict=True):
+        need = -(-(nb + kk) // bs)
+        tables.append(list(range(nxt, nxt + need)))
+        nxt += need
+    return Layout.build(pool, tables, n_before, k, n_before, "cpu")
+
+
+def test_parts_hold_only_real_queries():
+    n_before = [0, 16, 5, 50, 60, 7, 300]
+    k = [40, 8, 1, 1, 1, 1, 1]
+    lay = layout(n_before, k)
+    assert sum(p.q_index.numel() for p in lay.parts) == sum(k)  # no decode row padded to a chunk's width
+    first = [p for p in lay.parts if p.fresh is not None]
+    assert len(first) == 1 and first[0].fresh == slice(0, 40) and first[0].causal  # its own keys, no gather
+    chunks = [p for p in lay.parts if p.q_index.shape[1] > 1]
+    assert len(chunks) == 2 and all(p.rows == 1 for p in chunks)
+    assert sorted(i for p in lay.parts for i in p.out.tolist()) == list(range(sum(k)))  # every query once
+
+
+def test_decode_groups_bound_their_padding():
+    n_before = [3, 5, 8, 40, 44, 47, 300, 301]
+    lay = layout(n_before, [1] * 8)
+    for p in lay.parts:
+        real = int(p.key_valid.sum())
+        padded = p.key_valid.numel()
+        blocks = p.blocks.numel()
+        need = int(sum(-(-int(n) // 4) for n in p.n_after))
+        assert blocks <= (1 + DECODE_PAD) * need, (blocks, need)  # padded key work within the bound
+        assert padded >= real
+    long = next(p for p in lay.parts if 6 in p.out.tolist())
+    assert sorted(long.out.tolist()) == [6, 7]  # the long rows apart from the short and middle ones
+    whole = sum(p.key_valid.numel() for p in lay.parts)
+    assert whole < 8 * 4 * (-(-302 // 4)) / 2  # far less than padding every row to the longest
