@@ -289,10 +289,14 @@ def _validate_serve(cfg: DictConfig) -> None:
         return  # the policy's own error is raised below, naming its override
     if not policy.evicts:
         return
-    if policy.kv_ratio is not None or type(policy).layer_budgets is not Policy.layer_budgets:
-        raise ConfigError("policy.kv_ratio" if policy.kv_ratio is not None else "policy",
+    if policy.per_prompt is not None or type(policy).layer_budgets is not Policy.layer_budgets:
+        key = policy.per_prompt
+        raise ConfigError(f"policy.{key}" if key else "policy",
                           "mode=serve evicts by one kv_size per request (no per-prompt or per-layer budgets)",
-                          policy.kv_ratio if policy.kv_ratio is not None else policy.name)
+                          getattr(policy, key) if key else policy.name)
+    if policy.once:
+        raise ConfigError("policy.schedule", "mode=serve evicts whole blocks as a request grows; a one-off "
+                          "compression after prefill (after_prefill) is not implemented there", policy.schedule)
     if policy.query_window:
         raise ConfigError("policy", f"{policy.name} scores pairs with the newest queries (its observation window), "
                           "which mode=serve's paged pool does not keep", policy.name)
@@ -332,8 +336,9 @@ def apply_serve_preset(cfg: DictConfig) -> None:
                 raise ConfigError(f"{group}.{key}", f"is set by serve.eviction={name} (to {value}): leave it at "
                                   "policy=h2o's default", now)
             cfg[group][key] = value
-    if cfg.policy.get("kv_ratio") is not None:
-        raise ConfigError("policy.kv_ratio", f"serve.eviction={name} sets kv_size", cfg.policy.kv_ratio)
+    for key in ("kv_ratio", "compression_ratio"):
+        if cfg.policy.get(key) is not None:
+            raise ConfigError(f"policy.{key}", f"serve.eviction={name} sets kv_size", cfg.policy[key])
 
 
 def _validate_plan(cfg: DictConfig) -> None:
@@ -352,6 +357,10 @@ def _validate_plan(cfg: DictConfig) -> None:
     evict = cfg.policy.get("evict_every")
     if p.kv_sizes is not None and (not kvs or any(k <= 0 or (evict and k <= evict) for k in kvs)):
         raise ConfigError("plan.kv_sizes", f"must be kv sizes above policy.evict_every={evict}", kvs)
+    per_prompt = [k for k in ("kv_ratio", "compression_ratio") if cfg.policy.get(k) is not None]
+    if p.kv_sizes is not None and per_prompt:
+        raise ConfigError("plan.kv_sizes", f"the policy's budget is per prompt (policy.{per_prompt[0]}): leave "
+                          "plan.kv_sizes null", kvs)
 
 
 def device_kind(device: str) -> str:
@@ -370,7 +379,7 @@ def _identity_of(container: dict, kind: str) -> dict:
         c["memory"] = {k: v for k, v in c["memory"].items() if k != "reserve_gb"}
     if isinstance(c.get("policy"), dict):  # keys added later, at their defaults, change no identity
         c["policy"] = {k: v for k, v in c["policy"].items()
-                       if not (k == "rerotate" and not v) and not (k == "kv_ratio" and v is None)}
+                       if not (k == "rerotate" and not v) and not (k in ("kv_ratio", "compression_ratio") and v is None)}
     if c.get("mode") not in SERVE_MODES:  # serve.* only matters to the serve modes (older runs keep their hash)
         c.pop("serve", None)
     elif isinstance(c.get("serve"), dict):  # keys added later at their defaults, and goodput's objectives (they

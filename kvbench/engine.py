@@ -107,20 +107,21 @@ class _Batch:
         return torch.where(real, ids, torch.full_like(ids, self.pad_id))
 
 
-def _evict_if_needed(cache: KVCache, r: torch.Tensor, policy: Policy, prefill: bool, observer) -> None:
+def _evict_if_needed(cache: KVCache, r: torch.Tensor, policy: Policy, prefill: bool, observer,
+                     first_decode: bool = False, max_new_tokens: int = 0) -> None:
     """Evict, group by group of layers (one group unless budgets differ by layer), the rows that need it."""
     if not policy.evicts:
         return
-    plan = [(g, rows_to_evict(g.n, r, policy, prefill, g.budget)) for g in cache.groups]
+    plan = [(g, rows_to_evict(g.n, r, policy, prefill, g.budget, first_decode)) for g in cache.groups]
     plan = [(g, rows) for g, rows in plan if rows is not None]
     if not plan:
         return
     with cache.timer("evict", cache.devices):
         for g, rows in plan:
-            cache.evict(rows, g.budget - policy.evict_every, policy, group=g)
-            most = int(g.budget.max())
-            if not prefill and g.capacity > most and int(g.n.max()) < most:
-                cache.resize(most, group=g)  # decode_only: the prompt is compressed, give the memory back
+            cache.evict(rows, policy.keep(g.budget), policy, group=g)
+            need = policy.decode_capacity(int(g.budget.max()), max_new_tokens)
+            if not prefill and g.capacity > need and int(g.n.max()) < need:
+                cache.resize(need, group=g)  # the prompt is compressed: give its memory back
     if observer:
         observer("evict", cache)
 
@@ -202,7 +203,8 @@ def _run_batch(model, batch: _Batch, policy: Policy, max_new_tokens, eos_token_i
             done = done | torch.isin(next_tok, eos)
             if bool(done.all()):
                 break
-        _evict_if_needed(cache, ones, policy, False, observer)
+        _evict_if_needed(cache, ones, policy, False, observer, first_decode=len(steps) == 1,
+                         max_new_tokens=max_new_tokens)
         logits = forward(next_tok[:, None], ones, logits=True)
         nxt = logits.argmax(-1).to(dev_in)
         del logits  # not alive during the next step's eviction

@@ -251,11 +251,11 @@ def _walk(lengths: list[int], policy, max_new_tokens: int, prefill_chunk: int | 
     steps = [(r, True, k == len(plan) - 1) for k, r in enumerate(plan)] + [(one, False, True)] * (max_new_tokens - 1)
     ns = [torch.zeros(B, dtype=torch.long) for _ in groups]  # pairs held per sample, per group
     forwards, evictions = set(), set()
-    for r, prefill, logits in steps:
+    for i, (r, prefill, logits) in enumerate(steps):
         for gi, budget in enumerate(budgets):
-            rows = rows_to_evict(ns[gi], r, policy, prefill, budget)
+            rows = rows_to_evict(ns[gi], r, policy, prefill, budget, first_decode=i == len(plan))
             if rows is not None:
-                keep = budget - policy.evict_every
+                keep = policy.keep(budget)
                 evictions.add((gi, int(ns[gi][rows].max()), int(rows.sum()), int(keep[rows].max())))
                 ns[gi] = torch.where(rows, keep, ns[gi])
         ns = [n + r for n in ns]
@@ -300,11 +300,11 @@ def account(
         ]
         transients += [_evict_bytes(s, len(groups[gi][1]), B, N, rows, keep, policy) + B * longest * 8
                        for gi, N, rows, keep in evictions if gi in mine]  # + the padded prompts (int64), alive throughout
-        for gi in mine:  # decode_only: the budget-sized copy of a resize, built while the prompt-sized one lives
+        for gi in mine:  # a compressed prompt: the smaller copy of a resize, built while the prompt-sized one lives
             _, layers, cap, row = groups[gi]
-            most = int(row.max())
-            if policy.evicts and cap > most and any(e[0] == gi for e in evictions):
-                transients.append(_cache_bytes(s, B, len(layers), most, policy))
+            need = policy.decode_capacity(int(row.max()), max_new_tokens)
+            if policy.evicts and cap > need and any(e[0] == gi for e in evictions):
+                transients.append(_cache_bytes(s, B, len(layers), need, policy))
         kv = sum(_cache_bytes(s, B, len(groups[gi][1]), groups[gi][2], policy) for gi in mine)
         devices[dev] = Footprint(weights=s.weights.get(dev, 0), kv_cache=kv, transient=max(transients))
     for dev, w in s.weights.items():  # devices with weights but no decoder layer (e.g. the lm_head's)

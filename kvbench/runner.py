@@ -122,8 +122,9 @@ def new_record(cfg: DictConfig, policy, task) -> dict:
         "policy": policy.name,
         "kv_size": policy.kv_size,
         "kv_ratio": policy.kv_ratio,
+        "compression_ratio": policy.compression_ratio,
         "kv_budget": None,  # {"by": kv_size | kv_ratio, "min", "max", "per_layer"}: the budgets a (layer, sample) held
-        "evict_every": policy.evict_every if policy.evicts and cfg.mode not in SERVE_MODES else None,
+        "evict_every": policy.evict_every if policy.evicts and cfg.mode not in SERVE_MODES and not policy.once else None,
         "schedule": policy.schedule if policy.evicts else None,
         "batch_size": cfg.batch_size if cfg.mode not in SERVE_MODES else None,  # serve: the scheduler batches
         "n_samples": task.n_samples,
@@ -192,7 +193,7 @@ def execute(
         generated_tokens=out.generated_tokens,
         peak_kv_bytes=out.peak_kv_bytes,
         kv_budget=None if out.budget_min is None else {
-            "by": "kv_ratio" if policy.kv_ratio is not None else "kv_size",
+            "by": policy.per_prompt or "kv_size",
             "min": out.budget_min, "max": out.budget_max, "per_layer": out.budget_per_layer},
         **memory_fields(lm, out.accounted),
     )

@@ -11,6 +11,9 @@ Budgets: k_b = kv_size by default; per sample with `policy.kv_ratio`, and per la
 (then the first block is the smallest budget of the sample's layers, and a layer with a larger budget
 keeps filling block by block until it reaches it). Below, "kv_size" reads "the budget k".
 
+after_prefill (kvpress's protocol): no eviction in prefill; at the first decode step every sample whose
+prompt holds more than its budget k_b is compressed to exactly k_b pairs, then nothing is evicted again.
+
 Eviction rule, the same in prefill and decode: before a forward that brings r_b real tokens,
 sample b evicts down to kv_size - p pairs if n_b + r_b > kv_size (per layer when layers differ). This is Algorithm 1 for
 prefill_and_decode (an eviction always finds the cache at exactly kv_size there, so "down to
@@ -59,13 +62,17 @@ def prefill_plan(lengths: list[int], policy: Policy, chunk: int | None,
 
 
 def rows_to_evict(n: torch.Tensor, r: torch.Tensor, policy: Policy, prefill: bool,
-                  budget: torch.Tensor | None = None) -> torch.Tensor | None:
+                  budget: torch.Tensor | None = None, first_decode: bool = False) -> torch.Tensor | None:
     """(B,) bool of samples that must evict before a forward bringing r tokens, or None.
 
-    n: (B,) pairs held (by a group of layers that share budgets); budget: their (B,) budgets (default kv_size).
+    n: (B,) pairs held (by a group of layers that share budgets); budget: their (B,) budgets (default kv_size);
+    first_decode: this is the first decode step (after_prefill compresses then, and only then).
     """
     if not policy.evicts or (prefill and not policy.evicts_in_prefill):
         return None
     k = policy.kv_size if budget is None else budget
-    rows = (n + r > k) & (r > 0)
+    if policy.once:  # after_prefill: the prompt is compressed once, to its budget
+        rows = (n > k) if first_decode else torch.zeros_like(n, dtype=torch.bool)
+    else:
+        rows = (n + r > k) & (r > 0)
     return rows if bool(rows.any()) else None

@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 log = logging.getLogger("kvbench")
 
-IDENTITY = ("run_id", "config_hash", "experiment", "mode", "model", "weights", "task", "policy", "kv_size", "kv_ratio",
+IDENTITY = ("run_id", "config_hash", "experiment", "mode", "model", "weights", "task", "policy", "kv_size", "kv_ratio", "compression_ratio",
             "evict_every", "schedule", "batch_size", "n_samples", "max_new_tokens", "seed", "device", "attention",
             "extensions", "kvbench_version", "git_sha")
 SUMMARY = ("status", "error", "oom_kind", "throughput_tok_s", "prefill_s", "decode_s", "wall_s", "evict_s",

@@ -1,7 +1,7 @@
 """The configuration matrix: every option the docs offer as a choice, against every other.
 
-Axes (`AXES`): the 12 policies (PyramidKV is the per-layer budget kind), `policy.schedule`, the budget
-kind (`kv_size` or `kv_ratio`), `mode` (run, serve, serve_limits), `serve.eviction` (policy, openvino),
+Axes (`AXES`): the 12 policies (PyramidKV is the per-layer budget kind), `policy.schedule` (the three),
+the budget kind (`kv_size`, `kv_ratio` or kvpress's `compression_ratio`), `mode` (run, serve, serve_limits), `serve.eviction` (policy, openvino),
 `gen.attention`, `policy.rerotate`, the model (tiny Llama with GQA, tiny Phi-3 without), the batch (1, or
 3 prompts of different lengths, left-padded) and the model's dtype (float32, bfloat16). A point of the
 product is a `Combo`.
@@ -28,8 +28,8 @@ POLICIES = ("full", "window", "extreme_decode", "batch_max", "h2o", "tova", "sna
             "streaming_llm", "knorm", "keydiff", "random")
 AXES = {
     "policy": POLICIES,
-    "schedule": ("prefill_and_decode", "decode_only"),
-    "budget": ("kv_size", "kv_ratio"),
+    "schedule": ("prefill_and_decode", "decode_only", "after_prefill"),
+    "budget": ("kv_size", "kv_ratio", "compression_ratio"),
     "mode": ("run", "serve", "serve_limits"),
     "eviction": ("policy", "openvino"),
     "attention": ("auto", "sdpa", "eager", "fused"),
@@ -38,7 +38,7 @@ AXES = {
     "batch": (1, 3),
     "dtype": ("float32", "bfloat16"),
 }
-KV_SIZE, KV_RATIO, EVICT_EVERY, NEW_TOKENS, SAMPLES = 48, 0.5, 8, 6, 3
+KV_SIZE, KV_RATIO, COMPRESSION_RATIO, EVICT_EVERY, NEW_TOKENS, SAMPLES = 48, 0.5, 0.75, 8, 6, 3
 QUESTIONS = (  # GSM8K-style rows of different lengths: prompts of 161, 214 and 273 tokens on the byte tokenizer
     "What is 2 + 3?",
     "Tom has 4 apples and buys 3 more. How many apples does he have now?",
@@ -82,6 +82,8 @@ class Combo:
                f"model={self.model}", f"model.dtype={self.dtype}", f"batch_size={self.batch}"]
         if self.budget == "kv_ratio":
             out.append(f"policy.kv_ratio={KV_RATIO}")
+        elif self.budget == "compression_ratio":
+            out.append(f"policy.compression_ratio={COMPRESSION_RATIO}")
         elif self.policy not in ("full", "extreme_decode") and not self.preset:
             out.append(f"policy.kv_size={KV_SIZE}")
         if self.policy not in ("full", "extreme_decode"):
@@ -101,14 +103,15 @@ class Combo:
 def violations(c: Combo) -> list[tuple[str, ...]]:
     """The documented refusals this combination meets: for each, the keys its one-line message may name."""
     out = []
-    if c.policy == "full" and c.budget == "kv_ratio":
-        out.append(("policy.kv_ratio",))  # the full cache has no budget
+    per_prompt = c.budget != "kv_size"
+    if c.policy == "full" and per_prompt:
+        out.append((f"policy.{c.budget}",))  # the full cache has no budget
     if c.policy == "full" and c.rerotate:
         out.append(("policy.rerotate",))  # nothing is evicted, nothing to re-rotate
-    if c.policy == "extreme_decode" and c.schedule == "prefill_and_decode":
+    if c.policy == "extreme_decode" and c.schedule != "decode_only":
         out.append(("policy.schedule",))  # Algorithm 2 is decoding-only
-    if c.policy == "extreme_decode" and c.budget == "kv_ratio":
-        out.append(("policy.kv_ratio",))  # it keeps one pair, whatever the prompt
+    if c.policy == "extreme_decode" and per_prompt:
+        out.append((f"policy.{c.budget}",))  # it keeps one pair, whatever the prompt
     if c.policy == "pyramidkv" and c.rerotate:
         out.append(("policy.rerotate",))  # rotary positions are shared by layers of different budgets
     if c.preset:  # OpenVINO's preset: serving modes, H2O's accumulated attention, its own areas and schedule
@@ -118,17 +121,19 @@ def violations(c: Combo) -> list[tuple[str, ...]]:
             out.append(("serve.eviction",))
         elif c.schedule != "decode_only":
             out.append(("policy.schedule",))
-        if c.policy == "h2o" and c.budget == "kv_ratio":
-            out.append(("policy.kv_ratio",))
+        if c.policy == "h2o" and per_prompt:
+            out.append((f"policy.{c.budget}",))
     if c.serving:
         if c.batch != 1:
             out.append(("batch_size",))  # the scheduler batches
         if c.attention not in ("auto", "sdpa"):
             out.append(("gen.attention",))  # serve attends over pages with SDPA
-        if c.evicts and c.budget == "kv_ratio":
-            out.append(("policy.kv_ratio",))  # one kv_size per request
+        if c.evicts and per_prompt:
+            out.append((f"policy.{c.budget}",))  # one kv_size per request
+        if c.evicts and c.schedule == "after_prefill":
+            out.append(("policy.schedule",))  # blocks go as a request grows: no one-off compression
         if c.policy == "pyramidkv":
-            out.append(("policy", "policy.kv_ratio"))  # per-layer budgets
+            out.append(("policy", "policy.kv_ratio", "policy.compression_ratio"))  # per-layer budgets
         if c.policy == "snapkv":
             out.append(("policy",))  # its observation window's queries are not kept by the pool
         if c.policy == "extreme_decode":
@@ -185,6 +190,7 @@ def expected_extensions(c: Combo) -> tuple[list[str], list[str]]:
     else:
         (need if c.rerotate else never).append("rerotate")
     (need if c.budget == "kv_ratio" else never).append("kv_ratio=")
+    (need if c.budget == "compression_ratio" else never).append("compression_ratio=")
     (need if c.serving else never).append("serve_block_eviction")
     (need if c.preset else never).append("serve.eviction=openvino")
     gqa = GQA_NOTE.get(c.policy)
@@ -194,7 +200,11 @@ def expected_extensions(c: Combo) -> tuple[list[str], list[str]]:
         never += ["gqa", "GQA"]
     published = PUBLISHED_SCHEDULE.get(c.policy)
     prefill = c.schedule == "prefill_and_decode"
-    if published == "after_prefill":
+    if c.schedule == "after_prefill":  # the published protocol of the one-off compressions, a departure for others
+        if published in ("decode_only", "prefill_and_decode"):
+            need.append("schedule=after_prefill")
+        never += ["(published: never)", "block by block", "schedule=decode_only"]  # no prefill or decode eviction
+    elif published == "after_prefill":
         need.append("(published: never)")
         (need if prefill else never).append("evicts during prefill")
     elif published == "decode_only":
@@ -203,7 +213,7 @@ def expected_extensions(c: Combo) -> tuple[list[str], list[str]]:
         (need if not prefill else never).append("schedule=decode_only")
     else:
         never += ["evicts during prefill", "schedule=decode_only", "(published: never)"]
-    if c.policy in ONE_PER_TOKEN and c.mode == "run":
+    if c.policy in ONE_PER_TOKEN and c.mode == "run" and c.schedule != "after_prefill":
         need.append(f"evict_every={EVICT_EVERY}")
     else:
         never.append("evict_every=")

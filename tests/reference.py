@@ -38,6 +38,9 @@ Plain and slow on purpose, for the tests only. Nothing from kvbench is imported:
                           kv pairs or more, evict down to kv - p. The first step compresses the
                           prompt at once; afterwards it is Algorithm 1's decode loop. This is
                           Algorithm 2 (extreme decoding) generalised: there kv - p = 1.
+      after_prefill       process the whole prompt; before the first decode step, if the cache holds
+                          more than kv pairs, evict down to exactly kv (kvpress's protocol); never
+                          evict again.
 
 Batch size 1 only: a left-padded batch of the engine is checked sample by sample against it.
 """
@@ -325,7 +328,7 @@ def generate(ref: ReferenceModel, prompt: list[int], max_new: int, spec: Spec | 
     s = len(prompt)
     if spec is not None and spec.layer_kv is not None:  # per-layer budgets: layer l by its own budget
         return _generate_per_layer(ref, prompt, max_new, spec, cache, trace, process, do_evict)
-    if spec is None or spec.schedule == "decode_only":
+    if spec is None or spec.schedule in ("decode_only", "after_prefill"):
         logits = process(prompt, 0)
     elif spec.schedule == "prefill_and_decode":  # Algorithm 1
         kv, p = spec.kv_size, spec.evict_every
@@ -341,7 +344,10 @@ def generate(ref: ReferenceModel, prompt: list[int], max_new: int, spec: Spec | 
     trace.tokens.append(tok)
     for t in range(1, max_new):
         if spec is not None:
-            if spec.schedule == "prefill_and_decode":
+            if spec.schedule == "after_prefill":
+                if t == 1 and size() > spec.kv_size:  # the prompt compressed once, to its budget
+                    do_evict(spec.kv_size, s + t - 1)
+            elif spec.schedule == "prefill_and_decode":
                 assert size() <= spec.kv_size
                 if size() == spec.kv_size:  # "if cache holds |kv| pairs: evict p pairs"
                     do_evict(spec.kv_size - spec.evict_every, s + t - 1)
@@ -361,8 +367,11 @@ def _generate_per_layer(ref, prompt, max_new, spec, cache, trace, process, do_ev
     ks, p, s = list(spec.layer_kv), spec.evict_every, len(prompt)
     assert len(ks) == len(cache)
 
-    def evict_before(r: int, processed: int) -> None:
-        keep = [k - p if len(cache[layer][0]) + r > k else None for layer, k in enumerate(ks)]
+    def evict_before(r: int, processed: int, first_decode: bool = False) -> None:
+        if spec.schedule == "after_prefill":  # only the first decode step, down to exactly k_l
+            keep = [k if first_decode and len(cache[layer][0]) > k else None for layer, k in enumerate(ks)]
+        else:
+            keep = [k - p if len(cache[layer][0]) + r > k else None for layer, k in enumerate(ks)]
         if any(k is not None for k in keep):
             do_evict(keep, processed)
 
@@ -370,7 +379,7 @@ def _generate_per_layer(ref, prompt, max_new, spec, cache, trace, process, do_ev
         if spec.schedule == "prefill_and_decode":
             assert all(len(h) <= k for heads, k in zip(cache, ks, strict=True) for h in heads)
 
-    if spec.schedule == "decode_only":
+    if spec.schedule in ("decode_only", "after_prefill"):
         logits = process(prompt, 0)
     else:
         t1 = min(s, min(ks))
@@ -385,7 +394,7 @@ def _generate_per_layer(ref, prompt, max_new, spec, cache, trace, process, do_ev
     tok = int(logits.argmax())
     trace.tokens.append(tok)
     for t in range(1, max_new):
-        evict_before(1, s + t - 1)
+        evict_before(1, s + t - 1, first_decode=t == 1)
         logits = process([tok], s + t - 1)
         check()
         tok = int(logits.argmax())

@@ -43,6 +43,7 @@ from kvbench.serve.runner import ModelRunner
 from kvbench.serve.scheduler import Scheduler
 from tests.conftest import assert_one_line_exit_2
 from tests.matrix import (
+    COMPRESSION_RATIO,
     EVICT_EVERY,
     KV_RATIO,
     KV_SIZE,
@@ -109,6 +110,7 @@ class Spy:
             init(batch, model, ids, policy, *a, **k)
             batch.cache.spy_lengths = torch.tensor([len(x) for x in ids])
             batch.cache.spy_prefill = policy.evicts_in_prefill
+            batch.cache.spy_once = policy.once
         return wrapped
 
     def begin_forward(self, fn):
@@ -122,7 +124,9 @@ class Spy:
                 if g.budget is None:
                     continue
                 checked = decoding | cache.spy_prefill  # decode_only holds the whole prompt until it decodes
-                over = (g.n > g.budget) & checked
+                # after_prefill: the prompt within its budget, then every generated token kept
+                limit = g.budget + (cache.seen - cache.spy_lengths).clamp(min=0) if cache.spy_once else g.budget
+                over = (g.n > limit) & checked
                 if bool(over.any()):
                     self.over.append(f"layers {g.layers}: held {g.n.tolist()} > budget {g.budget.tolist()}")
             return out
@@ -235,12 +239,13 @@ def check_record(c: Combo, rec: dict, spy: Spy) -> None:
     assert all(len(r["token_ids"]) == NEW_TOKENS for r in rows) and rec["generated_tokens"] == SAMPLES * NEW_TOKENS
     assert rec["policy"] == c.policy and rec["model"] == c.model and rec["task"] == "gsm8k"
     assert rec["batch_size"] == (None if serve else c.batch)
-    ratio = c.budget == "kv_ratio" and c.evicts
-    assert rec["kv_ratio"] == (KV_RATIO if ratio else None)
+    ratio = c.budget != "kv_size" and c.evicts  # a per-prompt budget
+    assert rec["kv_ratio"] == (KV_RATIO if ratio and c.budget == "kv_ratio" else None)
+    assert rec["compression_ratio"] == (COMPRESSION_RATIO if ratio and c.budget == "compression_ratio" else None)
     kv = 672 if c.preset else 2 if c.policy == "extreme_decode" else KV_SIZE
     assert rec["kv_size"] == (None if ratio or not c.evicts else kv)
     p = 1 if c.policy == "extreme_decode" else EVICT_EVERY
-    assert rec["evict_every"] == (p if c.evicts and not serve else None)
+    assert rec["evict_every"] == (p if c.evicts and not serve and c.schedule != "after_prefill" else None)
     assert rec["schedule"] == (c.schedule if c.evicts else None)
     if not c.evicts:
         assert rec["kv_budget"] is None and spy.evictions == 0
@@ -250,7 +255,7 @@ def check_record(c: Combo, rec: dict, spy: Spy) -> None:
     else:
         held = [b for row in spy.budget_rows for b in row]
         assert spy.evictions > 0
-        assert rec["kv_budget"] == {"by": "kv_ratio" if ratio else "kv_size", "min": min(held), "max": max(held),
+        assert rec["kv_budget"] == {"by": c.budget, "min": min(held), "max": max(held),
                                     "per_layer": spy.per_layer}
         assert spy.per_layer == (c.policy == "pyramidkv")
     if serve:
@@ -269,7 +274,7 @@ def check_record(c: Combo, rec: dict, spy: Spy) -> None:
 def check_wandb(c: Combo, rec: dict, fake: FakeWandb) -> None:
     (run,) = fake.runs
     ident = run.kw["config"]["kvbench"]
-    for key in ("run_id", "config_hash", "mode", "policy", "kv_size", "kv_ratio", "evict_every", "schedule",
+    for key in ("run_id", "config_hash", "mode", "policy", "kv_size", "kv_ratio", "compression_ratio", "evict_every", "schedule",
                 "batch_size", "attention", "extensions", "model", "weights"):
         assert ident[key] == rec[key], key
     assert ident["mode"] == c.mode and run.kw["config"]["mode"] == c.mode  # the resolved config too
@@ -301,6 +306,6 @@ def test_the_cover_holds_every_pair_and_each_refusal_rule():
     assert set().union(*(_pairs(c) for c in every)) - feasible <= refused
     assert {v for c in runs for v in (c.policy,)} == set(AXES["policy"])
     singles = {refusal(c) for c in COMBOS if refusal(c) is not None and len(refusal(c)) == 1}
-    assert {("batch_size",), ("gen.attention",), ("policy.kv_ratio",), ("policy.rerotate",), ("policy.schedule",),
-            ("serve.block_size",), ("policy",)} <= singles
-    assert len(COMBOS) <= 100 or FULL
+    assert {("batch_size",), ("gen.attention",), ("policy.kv_ratio",), ("policy.compression_ratio",),
+            ("policy.rerotate",), ("policy.schedule",), ("serve.block_size",), ("policy",)} <= singles
+    assert len(COMBOS) <= 130 or FULL

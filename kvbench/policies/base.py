@@ -12,11 +12,17 @@ the slots to preallocate per layer), never `isinstance`. `keeps_newest`
 says the order of the pairs is known without scores (the score is the position): the cache then
 keeps the `protect_first` sinks and the newest pairs by slicing, with no score, sort or gather.
 
-Budgets: `kv_size` pairs per (layer, sample), or with `kv_ratio` that share of each sample's own prompt
-length (samples of one batch then hold different budgets; the way kvpress and most papers state a
-budget, "50% KV"). A budget is never below `min_budget` (evict_every + the protected pairs + 1: an
-eviction must leave a choice); `layer_budgets` may give layers different budgets (PyramidKV);
-`recent_pairs` says how many of the newest pairs a budget protects (H2O: half of it).
+Schedules: `prefill_and_decode` (Algorithm 1: p pairs go whenever a block would overflow the budget, in
+prefill and decode), `decode_only` (the whole prompt first, then the same while decoding) and
+`after_prefill` (kvpress's and SnapKV's protocol: the prompt is compressed once, right after prefill, to
+its budget, and every generated token is kept; `evict_every` plays no part).
+
+Budgets: `kv_size` pairs per (layer, sample); or per sample, `kv_ratio` (ceil(ratio x its prompt length))
+or `compression_ratio` (kvpress's kept count, int(prompt length x (1 - compression_ratio))): samples of
+one batch then hold different budgets. A budget is never below `min_budget` (evict_every + the protected
+pairs + 1: an eviction must leave a choice; 1 under after_prefill, which keeps exactly the budget);
+`layer_budgets` may give layers different budgets (PyramidKV); `recent_pairs` says how many of the newest
+pairs a budget protects (H2O: half of it).
 
 Departures from the published method (`describe()["extensions"]`, in every record) are derived from
 what a policy declares: `published_schedule` (decode_only, prefill_and_decode, or after_prefill: a
@@ -34,8 +40,8 @@ import torch
 
 from kvbench.errors import ConfigError
 
-SCHEDULES = ("prefill_and_decode", "decode_only")
-AFTER_PREFILL = "after_prefill"  # a published schedule only: compress the prompt once, keep every generated token
+AFTER_PREFILL = "after_prefill"  # compress the prompt once, right after prefill, then keep every generated token
+SCHEDULES = ("prefill_and_decode", "decode_only", AFTER_PREFILL)
 
 
 @dataclass
@@ -85,6 +91,7 @@ class Policy:
     protect_recent: int = 0
     rerotate: bool = False  # re-rotate kept keys to contiguous positions (Llama-style RoPE)
     kv_ratio: float | None = None  # budget = this share of each sample's prompt (replaces kv_size when set)
+    compression_ratio: float | None = None  # budget = int(prompt x (1 - this)), kvpress's (replaces kv_size)
 
     name: ClassVar[str] = "base"
     published_schedule: ClassVar[str | None] = None  # None: no published schedule to depart from
@@ -113,6 +120,16 @@ class Policy:
                 raise ConfigError(f"{p}.kv_ratio", "must be a share of the prompt in (0, 1], or null", self.kv_ratio)
             self.kv_ratio = float(self.kv_ratio)
             self.kv_size = None  # the budget is per prompt: kv_ratio replaces kv_size
+        if self.compression_ratio is not None:
+            cr = self.compression_ratio
+            if isinstance(cr, bool) or not isinstance(cr, (int, float)) or not (0 <= cr < 1):
+                raise ConfigError(f"{p}.compression_ratio", "must be the share of the prompt evicted, in [0, 1), or "
+                                  "null", cr)
+            if self.kv_ratio is not None:
+                raise ConfigError(f"{p}.compression_ratio", "and policy.kv_ratio both give a budget per prompt: "
+                                  "set one", cr)
+            self.compression_ratio = float(cr)
+            self.kv_size = None  # the budget is per prompt: compression_ratio replaces kv_size
         if self.kv_size is not None and (not _is_int(self.kv_size) or self.kv_size <= 0):
             raise ConfigError(f"{p}.kv_size", "must be a positive integer", self.kv_size)
         if not _is_int(self.evict_every) or self.evict_every <= 0:
@@ -126,6 +143,12 @@ class Policy:
             if not _is_int(v) or v < 0:
                 raise ConfigError(f"{p}.{key}", "must be a non-negative integer", v)
         if self.kv_size is None:
+            return
+        if self.once:  # one compression to exactly the budget: the protected pairs must fit it
+            if self.protect_first + self.protect_recent > self.kv_size:
+                raise ConfigError(f"{p}.protect_recent", f"protect_first + protect_recent = "
+                                  f"{self.protect_first + self.protect_recent} must not exceed kv_size = {self.kv_size}",
+                                  self.protect_recent)
             return
         if self.evict_every >= self.kv_size:
             raise ConfigError(
@@ -145,7 +168,7 @@ class Policy:
     # ----------------------------------------------------------------- phase flags
     @property
     def evicts(self) -> bool:
-        return self.kv_size is not None or self.kv_ratio is not None
+        return self.kv_size is not None or self.kv_ratio is not None or self.compression_ratio is not None
 
     @property
     def evicts_in_prefill(self) -> bool:
@@ -156,25 +179,47 @@ class Policy:
         return self.evicts
 
     @property
+    def once(self) -> bool:
+        """schedule=after_prefill: one compression of the prompt, at the first decode step, to the budget."""
+        return self.schedule == AFTER_PREFILL
+
+    @property
+    def per_prompt(self) -> str | None:
+        """Which per-prompt budget is set: "kv_ratio", "compression_ratio", or None (kv_size, or no budget)."""
+        return "kv_ratio" if self.kv_ratio is not None else "compression_ratio" if (
+            self.compression_ratio is not None) else None
+
+    def keep(self, budget):
+        """Pairs a sample keeps after an eviction under `budget`: |kv| - p (Algorithm 1), or the budget itself
+        under after_prefill (one compression to exactly the budget)."""
+        return budget if self.once else budget - self.evict_every
+
+    @property
     def keep_after_evict(self) -> int:
-        """Pairs a sample holds right after an eviction under a kv_size budget: |kv| - p (Algorithm 1)."""
+        """Pairs a sample holds right after an eviction under a kv_size budget: `keep(kv_size)`."""
         assert self.kv_size is not None
-        return self.kv_size - self.evict_every
+        return self.keep(self.kv_size)
 
     @property
     def min_budget(self) -> int:
-        """The smallest budget an eviction can honour: evict_every pairs go, the protected ones and one more stay."""
-        return self.evict_every + self.protect_first + self.protect_recent + 1
+        """The smallest budget an eviction can honour: evict_every pairs go, the protected ones and one more stay
+        (after_prefill keeps exactly the budget: 1)."""
+        return 1 if self.once else self.evict_every + self.protect_first + self.protect_recent + 1
 
     def recent_pairs(self, budgets: torch.Tensor) -> torch.Tensor:
         """The newest pairs protected in samples holding these budgets (same shape): `protect_recent`."""
         return torch.full_like(budgets, self.protect_recent)
 
     def sample_budgets(self, lengths: list[int]) -> torch.Tensor:
-        """(B,) pairs each sample may hold: kv_size, or ceil(kv_ratio x its prompt length), at least min_budget."""
-        if self.kv_ratio is None:
+        """(B,) pairs each sample may hold: kv_size, or ceil(kv_ratio x its prompt length), or int(its prompt
+        length x (1 - compression_ratio)), at least min_budget."""
+        if self.kv_ratio is not None:
+            want = [math.ceil(self.kv_ratio * s) for s in lengths]
+        elif self.compression_ratio is not None:
+            want = [int(s * (1 - self.compression_ratio)) for s in lengths]
+        else:
             return torch.full((len(lengths),), self.kv_size, dtype=torch.long)
-        return torch.tensor([max(self.min_budget, math.ceil(self.kv_ratio * s)) for s in lengths], dtype=torch.long)
+        return torch.tensor([max(self.min_budget, k) for k in want], dtype=torch.long)
 
     def layer_budgets(self, per_sample: torch.Tensor, layers: int) -> torch.Tensor:
         """(L, B) budget of each layer of each sample from the samples' budgets (B,): the same in every layer."""
@@ -194,7 +239,12 @@ class Policy:
         most = budgets.max(dim=1).values.tolist()  # (L,)
         if self.evicts_in_prefill:
             return most
-        return [max(k, longest) for k in most]  # decode_only holds the whole prompt first
+        return [max(self.decode_capacity(k, max_new_tokens), longest) for k in most]  # the whole prompt first
+
+    def decode_capacity(self, budget: int, max_new_tokens: int) -> int:
+        """Slots a layer needs once the prompt is compressed to `budget`: the budget, or under after_prefill the
+        budget and every generated token."""
+        return budget + max_new_tokens if self.once else budget
 
     # ----------------------------------------------------------------- scoring
     def score(self, stats: ScoreStats) -> torch.Tensor:
@@ -210,6 +260,12 @@ class Policy:
     def schedule_departures(self) -> list[str]:
         """How `schedule` departs from `published_schedule` (nothing when it is the published one)."""
         published, pd = self.published_schedule, self.schedule == "prefill_and_decode"
+        if self.once:
+            if published in (None, AFTER_PREFILL):
+                return []
+            was = "evicts while decoding" if published == "decode_only" else "evicts during prefill and decode"
+            return [f"schedule=after_prefill: the prompt is compressed once after prefill, every generated token is "
+                    f"kept (published: {was})"]
         if published == AFTER_PREFILL:  # a one-off compression of the prompt (SnapKV, Knorm, KeyDiff, as in kvpress)
             ext = ["evicts during prefill, block by block (published: once, after the whole prompt)"] if pd else []
             return ext + ["evicts again whenever the cache is full while decoding (published: never)"]
@@ -228,7 +284,7 @@ class Policy:
         if self.evicts:
             ext += self.schedule_departures()
         p = self.published_evict_every
-        if self.evicts and not paged and p is not None and self.evict_every != p:
+        if self.evicts and not paged and not self.once and p is not None and self.evict_every != p:
             ext.append(f"evict_every={self.evict_every} (published: {self.published_evict_every} pair per token)")
         if gqa and self.evicts and self.gqa_note:
             ext.append(self.gqa_note)
@@ -240,6 +296,9 @@ class Policy:
             ext.append("rerotate: kept keys re-rotated to contiguous positions, new tokens continue from the kept count")
         if self.kv_ratio is not None:
             ext.append(f"kv_ratio={self.kv_ratio:g}: each sample's budget is that share of its prompt, at least "
-                       f"{self.min_budget} pairs, and stays that size while decoding")
+                       f"{self.min_budget} pairs" + ("" if self.once else ", and stays that size while decoding"))
+        if self.compression_ratio is not None:
+            ext.append(f"compression_ratio={self.compression_ratio:g}: each sample keeps int(its prompt x "
+                       f"{1 - self.compression_ratio:g}) pairs (kvpress's count), at least {self.min_budget}")
         d["extensions"] = ext
         return d

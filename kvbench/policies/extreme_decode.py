@@ -26,9 +26,10 @@ class ExtremeDecode(Policy):
     keeps_newest: ClassVar[bool] = True  # the score below, known without computing it
 
     def validate(self) -> None:
-        if self.kv_ratio is not None:
-            raise ConfigError("policy.kv_ratio", "extreme_decode keeps one pair whatever the prompt (Algorithm 2): "
-                              "its budget is kv_size, not a share of the prompt", self.kv_ratio)
+        for key in ("kv_ratio", "compression_ratio"):
+            if getattr(self, key) is not None:
+                raise ConfigError(f"policy.{key}", "extreme_decode keeps one pair whatever the prompt (Algorithm 2): "
+                                  "its budget is kv_size, not a share of the prompt", getattr(self, key))
         if self.kv_size is None or not isinstance(self.kv_size, int) or self.kv_size < 2:
             raise ConfigError("policy.kv_size", "extreme_decode needs an integer kv_size >= 2", self.kv_size)
         if self.evict_every is None:

@@ -16,6 +16,9 @@ class Full(Policy):
             raise ConfigError("policy.kv_size", "policy=full keeps every pair; leave kv_size null", self.kv_size)
         if self.kv_ratio is not None:
             raise ConfigError("policy.kv_ratio", "policy=full keeps every pair; leave kv_ratio null", self.kv_ratio)
+        if self.compression_ratio is not None:
+            raise ConfigError("policy.compression_ratio", "policy=full keeps every pair; leave it null",
+                              self.compression_ratio)
         if self.rerotate is True:
             raise ConfigError("policy.rerotate", "policy=full never evicts, so there is nothing to re-rotate", True)
         super().validate()

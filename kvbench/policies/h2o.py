@@ -26,9 +26,9 @@ class H2O(Policy):
     needs_attention: ClassVar[bool] = True
 
     def validate(self) -> None:
-        if self.protect_recent is None and self.kv_ratio is None and _is_int(self.kv_size):
+        if self.protect_recent is None and self.per_prompt is None and _is_int(self.kv_size):
             self.protect_recent = self.kv_size // 2
-        if self.protect_recent is None:  # kv_ratio: half of each sample's own budget (recent_pairs)
+        if self.protect_recent is None:  # a per-prompt budget: half of each sample's own (recent_pairs)
             self.protect_recent = 0  # validated as "nothing fixed" (the YAML's kv_size plays no part)
             try:
                 super().validate()
@@ -39,7 +39,7 @@ class H2O(Policy):
 
     @property
     def min_budget(self) -> int:
-        if self.protect_recent is None:  # ceil(k / 2) pairs beyond the protected half must cover p + sinks + 1
+        if self.protect_recent is None and not self.once:  # ceil(k / 2) beyond the protected half: p + sinks + 1
             return 2 * (self.evict_every + self.protect_first) + 1
         return super().min_budget
 
