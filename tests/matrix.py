@@ -38,7 +38,7 @@ AXES = {
     "batch": (1, 3),
     "dtype": ("float32", "bfloat16"),
 }
-KV_SIZE, KV_RATIO, COMPRESSION_RATIO, EVICT_EVERY, NEW_TOKENS, SAMPLES = 48, 0.5, 0.75, 8, 6, 3
+KV_SIZE, KV_RATIO, COMPRESSION_RATIO, EVICT_EVERY, NEW_TOKENS, SAMPLES, WINDOW = 48, 0.5, 0.75, 8, 6, 3, 16
 QUESTIONS = (  # GSM8K-style rows of different lengths: prompts of 161, 214 and 273 tokens on the byte tokenizer
     "What is 2 + 3?",
     "Tom has 4 apples and buys 3 more. How many apples does he have now?",
@@ -88,6 +88,8 @@ class Combo:
             out.append(f"policy.kv_size={KV_SIZE}")
         if self.policy not in ("full", "extreme_decode"):
             out.append(f"policy.evict_every={EVICT_EVERY}")
+        if self.policy in ("snapkv", "pyramidkv"):
+            out.append(f"policy.window={WINDOW}")  # the published 64 is more than these budgets hold
         return out
 
     @property

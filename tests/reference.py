@@ -27,8 +27,10 @@ Plain and slow on purpose, for the tests only. Nothing from kvbench is imported:
       "random"               a 31-bit integer hash of (seed, layer, head, last, pos), top 24 bits
       "snapkv"               per query head: the last `window` queries processed (kept in a
                              per-layer history, RoPE applied) attend, causally, over the pairs held;
-                             their softmax rows summed, max/avg-pooled over `kernel` neighbouring
-                             pairs (zero padding), then averaged over the query heads of the group
+                             their softmax rows averaged; the window's own pairs (positions from the
+                             oldest window query on) left out (zeros) unless `pool_window`; then
+                             max/avg-pooled over `kernel` neighbouring pairs (zero padding) and
+                             averaged over the query heads of the group
   and protected pairs are positions < protect_first and the protect_recent newest positions;
 * the schedules written from method.md:
       prefill_and_decode  Algorithm 1: first block of min(s, kv) positions, then "evict p, process
@@ -79,6 +81,7 @@ class Spec:
     kernel: int = 7
     pooling: str = "max"
     layer_kv: tuple[int, ...] | None = None  # per-layer budgets (PyramidKV); None: kv_size in every layer
+    pool_window: bool = False  # snapkv: pool over the window's own pairs too
 
 
 @dataclass
@@ -235,7 +238,10 @@ def snapkv_scores(ref: ReferenceModel, pairs_per_head: list[list[Pair]], history
                 logit = torch.stack([pairs[i].k @ q[hq] for i in seen]) * ref.scale
                 w = torch.softmax(logit, dim=0).tolist()
                 for i, wi in zip(seen, w, strict=True):
-                    acc[i] += wi
+                    acc[i] += wi / len(window)  # the mean over the window's queries
+            if not spec.pool_window:  # the window's own pairs are left out before pooling
+                first = min(qpos for qpos, _ in window)
+                acc = [0.0 if pr.pos >= first else a for pr, a in zip(pairs, acc, strict=True)]
             half, n = spec.kernel // 2, len(acc)
             pooled = []
             for i in range(n):

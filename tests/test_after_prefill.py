@@ -72,7 +72,7 @@ def test_pyramidkv_after_prefill_per_layer(tiny_phi3):
     policy = PyramidKV(compression_ratio=0.5, schedule=AP, window=4, kernel=5, pooling="avg")
     prompts = random_prompts((60, 45, 70), seed=13)
     for p in prompts:
-        ks = policy.layer_budgets(policy.sample_budgets([len(p)]), 2)[:, 0].tolist()
+        ks = policy.budgets([len(p)], 2)[:, 0].tolist()
         spec = spec_of(policy)
         spec = R.Spec(**{**spec.__dict__, "kv_size": ks[0], "layer_kv": tuple(ks)})
         ref = reference("phi3", tuple(p), spec)

@@ -109,12 +109,16 @@ def test_multirun_of_the_baselines_with_kv_ratio_and_pyramidkv(tmp_path, monkeyp
     left-padded), both schedules; records carry the budgets used."""
     monkeypatch.undo()
     pols = "snapkv,pyramidkv,streaming_llm,knorm,keydiff,random,tova"
-    args = ["-m", "model=tiny-llama", "task.n_samples=4", "task.context_tokens=96", "batch_size=4",
-            "gen.max_new_tokens=4", f"policy={pols}", "policy.kv_size=48", "policy.evict_every=8",
-            "policy.schedule=prefill_and_decode,decode_only", f"results_dir={tmp_path}", "hydra/job_logging=none",
-            "hydra/hydra_logging=none"]
-    monkeypatch.setattr(sys, "argv", ["kvbench", *args])
-    cli.main(args)
+    common = ["-m", "model=tiny-llama", "task.n_samples=4", "task.context_tokens=96", "batch_size=4",
+              "gen.max_new_tokens=4", "policy.kv_size=48", "policy.evict_every=8",
+              "policy.schedule=prefill_and_decode,decode_only", f"results_dir={tmp_path}", "hydra/job_logging=none",
+              "hydra/hydra_logging=none"]
+    # the observation window's published 64 does not fit kv 48; beta 2 makes PyramidKV's layers differ here
+    for args in ([*common, "policy=snapkv", "policy.window=16"], [*common, "policy=pyramidkv", "policy.window=16",
+                                                                   "policy.beta=2"],
+                 [*common, "policy=streaming_llm,knorm,keydiff,random,tova"]):
+        monkeypatch.setattr(sys, "argv", ["kvbench", *args])
+        cli.main(args)
     recs = read_records(tmp_path)
     assert sorted((r["policy"], r["schedule"]) for r in recs) == sorted(
         (p, s) for p in pols.split(",") for s in ("prefill_and_decode", "decode_only"))

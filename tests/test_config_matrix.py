@@ -257,7 +257,7 @@ def check_record(c: Combo, rec: dict, spy: Spy) -> None:
         assert spy.evictions > 0
         assert rec["kv_budget"] == {"by": c.budget, "min": min(held), "max": max(held),
                                     "per_layer": spy.per_layer}
-        assert spy.per_layer == (c.policy == "pyramidkv")
+        assert not spy.per_layer or c.policy == "pyramidkv"  # PyramidKV's may still be one budget (its fallback)
     if serve:
         layers, heads, dim = GEOMETRY[c.model]
         block_kv = 2 * layers * BLOCK * heads * dim * ELEM[c.dtype]

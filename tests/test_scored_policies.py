@@ -62,6 +62,7 @@ def spec_of(policy) -> R.Spec:
         window=getattr(policy, "window", 0),
         kernel=getattr(policy, "kernel", 7),
         pooling=getattr(policy, "pooling", "max"),
+        pool_window=getattr(policy, "pool_window", False),
     )
 
 

@@ -28,7 +28,7 @@ BAD = {
     "mode=nope": "mode",
     # one kv_size per request: no per-prompt or per-layer budgets
     "mode=serve policy=h2o policy.kv_ratio=0.5": "policy.kv_ratio",
-    "mode=serve policy=pyramidkv policy.kv_size=64 serve.block_size=16 policy.evict_every=16": "pyramidkv",
+    "mode=serve policy=pyramidkv policy.kv_size=64 serve.block_size=16 policy.evict_every=16 policy.window=16": "pyramidkv",
 }
 
 

@@ -221,15 +221,16 @@ class Policy:
             return torch.full((len(lengths),), self.kv_size, dtype=torch.long)
         return torch.tensor([max(self.min_budget, k) for k in want], dtype=torch.long)
 
-    def layer_budgets(self, per_sample: torch.Tensor, layers: int) -> torch.Tensor:
-        """(L, B) budget of each layer of each sample from the samples' budgets (B,): the same in every layer."""
+    def layer_budgets(self, per_sample: torch.Tensor, layers: int, lengths: list[int] | None = None) -> torch.Tensor:
+        """(L, B) budget of each layer of each sample from the samples' budgets (B,) (and their prompts' lengths):
+        the same in every layer."""
         return per_sample[None, :].expand(layers, -1).clone()
 
     def budgets(self, lengths: list[int], layers: int) -> torch.Tensor | None:
         """(L, B) pairs layer l of sample b may hold at any point; None for the full cache."""
         if not self.evicts:
             return None
-        return self.layer_budgets(self.sample_budgets(lengths), layers)
+        return self.layer_budgets(self.sample_budgets(lengths), layers, lengths)
 
     def capacities(self, lengths: list[int], max_new_tokens: int, budgets: torch.Tensor | None) -> list[int]:
         """Slots to preallocate per layer (all samples alike: the cache is one tensor per group of layers)."""

@@ -1,12 +1,16 @@
 """SnapKV (Li et al., 2024): keep the pairs the last `window` queries (the observation window) attend
-to most, their attention summed over the window and pooled over neighbouring pairs.
+to most, their attention averaged over the window and pooled over neighbouring pairs.
 
-score[i] = GQA group mean over query heads of pool_k( sum over window queries q of softmax_q(i) )
+score[i] = GQA group mean over query heads of pool_k( mean over window queries q of softmax_q(i) )
 
 where softmax_q is query q's attention over the pairs held at the eviction that it may see
-(position <= its own), pool_k a max (default) or average pooling of width `kernel` (7) over
-neighbouring slots (slots are in position order), and the window's own pairs (the last `window`
-positions) are always kept (`protect_recent` defaults to `window`, as published).
+(position <= its own), pool_k an average (default) or max pooling of width `kernel` (5) over
+neighbouring slots (slots are in position order) with zero padding, computed over the pairs OLDER than
+the window: the window's own pairs are left out before pooling (their columns count as the padding), as
+the published code and kvpress's SnapKVPress do (`pool_window=true`: kvbench's earlier variant, which
+pooled across them), and they are always kept (`protect_recent` defaults to `window`). Defaults as the
+published code and kvpress: window 64, kernel 5, average pooling; token for token against kvpress in
+results/crosscheck/ (`make crosscheck`).
 
 What the window is: the newest `window` queries processed before the eviction, whatever forwards
 they came from (the cache keeps them: `query_window`). Under decode_only at the first compression
@@ -41,9 +45,10 @@ class SnapKV(Policy):
     evict_every: int = 64
     schedule: str = "decode_only"
     protect_recent: int | None = None  # None: window (the observation window is kept, as published)
-    window: int = 32
-    kernel: int = 7
-    pooling: str = "max"
+    window: int = 64
+    kernel: int = 5
+    pooling: str = "avg"
+    pool_window: bool = False  # True: pool over the window's own pairs too (kvbench's earlier variant)
     name: ClassVar[str] = "snapkv"
     published_schedule: ClassVar[str] = AFTER_PREFILL
     gqa_note: ClassVar[str] = "GQA models: pooled per query head, then averaged over the query heads of a KV group"
@@ -60,6 +65,8 @@ class SnapKV(Policy):
             raise ConfigError("policy.kernel", "must be a positive odd integer", self.kernel)
         if self.pooling not in POOLINGS:
             raise ConfigError("policy.pooling", f"must be one of {', '.join(POOLINGS)}", self.pooling)
+        if not isinstance(self.pool_window, bool):
+            raise ConfigError("policy.pool_window", "must be true or false", self.pool_window)
         own_window = self.protect_recent is None
         if own_window:
             self.protect_recent = self.window
@@ -81,6 +88,8 @@ class SnapKV(Policy):
         scale = stats.scale if stats.scale is not None else D**-0.5
         qpos = stats.query_pos[:, :, :, None, :, None]  # (1, B, 1, 1, W, 1)
         qreal = qpos >= 0  # fewer than W queries processed: empty entries give no weight
+        count = qreal.sum(dim=4).clamp(min=1)  # (1, B, 1, 1, 1): the real window queries, for their mean
+        start = torch.where(qreal, qpos, torch.iinfo(qpos.dtype).max).amin(dim=4)  # (1, B, 1, 1, 1) window's first
         slot_ok = (torch.arange(N, device=keys.device) < stats.n)[:, :, :, None, None, :]  # (1, B, 1, 1, 1, N)
         out = torch.empty(L, B, H, N, dtype=torch.float32, device=keys.device)
         for l0 in range(0, L, LAYER_CHUNK):
@@ -92,7 +101,9 @@ class SnapKV(Policy):
             del hide
             w = torch.softmax(s, dim=-1).nan_to_num_(0.0)  # a query that sees no pair gives nothing
             del s
-            w = w.mul_(qreal).sum(dim=4)  # (l, B, H, G, N): summed over the window
+            w = w.mul_(qreal).sum(dim=4).div_(count)  # (l, B, H, G, N): averaged over the window
+            if not self.pool_window:  # the window's own pairs are left out: zeros, like the pooling's padding
+                w.masked_fill_(stats.pos[l0:l1, :, :, None, :] >= start, 0.0)
             flat = w.reshape(-1, 1, N)
             pad = self.kernel // 2
             if self.pooling == "max":
@@ -111,6 +122,9 @@ class SnapKV(Policy):
     def describe(self, gqa: bool = False, paged: bool = False) -> dict:
         d = super().describe(gqa, paged)
         ext = [e for e in d["extensions"] if e != f"protect_recent={self.window}"]  # its own window
+        if self.evicts and self.pool_window:
+            ext.append("pool_window: the window's own pairs pooled with their neighbours (published: left out "
+                       "before pooling)")
         if self.evicts_in_prefill:
             held = "budget's" if self.kv_size is None else f"{self.kv_size}"
             ext.append(f"prefill: the last {self.window} queries before each block attend over the {held} "
