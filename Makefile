@@ -4,12 +4,14 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+KVPRESS_VENV := .venv-kvpress
+KVPRESS_STAMP := $(KVPRESS_VENV)/.installed
 # torch: the CPU wheel this machine has on disk; on a GPU machine use e.g. `make install TORCH_SPEC=torch`
 TORCH_SPEC ?= torch==2.13.0
 # the local dataset mirror, when there is one (used by the demo and the real-task scripts)
 DATA_DIR ?= $(wildcard ../shared/data)
 
-.PHONY: help install test test-slow test-matrix wheel-check demo lint reproduce-mini clean gpu-check
+.PHONY: help install test test-slow test-matrix wheel-check demo lint reproduce-mini clean gpu-check crosscheck docs docs-build
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -46,8 +48,26 @@ gpu-check: install ## on a CUDA machine: GPU acceptance checks, one JSON line ea
 lint: install ## ruff
 	$(BIN)/ruff check kvbench tests scripts
 
+crosscheck: install $(KVPRESS_STAMP) ## kvbench against kvpress 0.5.5, token for token (~30 min, outside CI): results/crosscheck/
+	DATA_DIR=$(or $(DATA_DIR),../shared/data) scripts/crosscheck/run.sh
+
+# kvpress in its own virtualenv, with the transformers it supports (< 5.3) and the same CPU torch
+$(KVPRESS_STAMP):
+	$(PYTHON) -m venv $(KVPRESS_VENV)
+	$(KVPRESS_VENV)/bin/pip install -q "$(TORCH_SPEC)"
+	$(KVPRESS_VENV)/bin/pip install -q kvpress==0.5.5 transformers==5.2.0
+	touch $(KVPRESS_STAMP)
+
+docs: install ## serve the docs site locally (mkdocs-material) on http://127.0.0.1:8000
+	$(BIN)/pip install -q -e '.[docs]'
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
+docs-build: install ## build the docs site strictly (a broken link or a missing page fails; CI)
+	$(BIN)/pip install -q -e '.[docs]'
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d site
+
 clean: ## remove the virtual environment and caches
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(KVPRESS_VENV) .pytest_cache .ruff_cache site
 
 reproduce-mini: install ## the paper's protocol at small scale on this CPU (3 tasks, ~1 h 45 min on 2 cores): results/mini/
 	for t in cnndm narrativeqa gsm8k; do \
