@@ -33,7 +33,7 @@ test: install ## the default test suite (slow tests excluded)
 test-slow: install ## the slower tests on the real default model
 	$(BIN)/python -m pytest -q -m slow
 
-test-matrix: install ## every combination of the documented options (the full product; ~1 h, outside CI)
+test-matrix: install ## every combination of the documented options (the full product, 41,472 combinations: hours on 2 cores, outside CI)
 	KVBENCH_MATRIX=full $(BIN)/python -m pytest -q tests/test_config_matrix.py
 
 wheel-check: install ## build the wheel, check it, install it in a throwaway venv and run kvbench from outside the checkout (CI)
@@ -48,7 +48,7 @@ gpu-check: install ## on a CUDA machine: GPU acceptance checks, one JSON line ea
 lint: install ## ruff
 	$(BIN)/ruff check kvbench tests scripts
 
-crosscheck: install $(KVPRESS_STAMP) ## kvbench against kvpress 0.5.5, token for token (~30 min, outside CI): results/crosscheck/
+crosscheck: install $(KVPRESS_STAMP) ## kvbench against kvpress 0.5.5, token for token (~45 min, outside CI): results/crosscheck/
 	DATA_DIR=$(or $(DATA_DIR),../shared/data) scripts/crosscheck/run.sh
 
 # kvpress in its own virtualenv, with the transformers it supports (< 5.3) and the same CPU torch

