@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from kvbench import memory
 from kvbench.attention import SCORE_CHUNK, kv_attention, resolve_backend
 from kvbench.cache import KVCache
+from kvbench.models.compat import cache_kwarg
 from kvbench.models.geometry import model_geometry, rope_inv_freq
 from kvbench.policies.base import Policy
 from kvbench.schedule import prefill_plan, rows_to_evict
@@ -162,21 +163,16 @@ def _run_batch(model, batch: _Batch, policy: Policy, max_new_tokens, eos_token_i
     B = len(batch.lengths)
     eos = torch.tensor(list(eos_token_ids), dtype=torch.long, device=dev_in)
     base = model.get_decoder()
+    cache_name, base_cache_name = cache_kwarg(model), cache_kwarg(base)  # `cache` from transformers 5.24 on
 
     def forward(tokens: torch.Tensor, r: torch.Tensor, logits: bool):
         positions = cache.begin_forward(r, tokens.shape[1])
-        kw = dict(
-            input_ids=tokens.to(dev_in),
-            position_ids=positions.to(dev_in),
-            past_key_values=cache,
-            use_cache=True,
-            kvbench_cache=cache,
-        )
+        kw = dict(input_ids=tokens.to(dev_in), position_ids=positions.to(dev_in), use_cache=True, kvbench_cache=cache)
         out = None
         if logits:
-            out = model(**kw, logits_to_keep=1).logits[:, -1]
+            out = model(**kw, **{cache_name: cache}, logits_to_keep=1).logits[:, -1]
         else:  # an intermediate prefill chunk only fills the cache: its hidden states are dropped at once
-            base(**kw)
+            base(**kw, **{base_cache_name: cache})
         if observer:
             observer("forward", cache)
         return out

@@ -6,6 +6,7 @@ import torch
 from transformers import DynamicCache
 
 from kvbench.engine import generate
+from kvbench.models.compat import cache_kwarg
 from kvbench.policies import H2O, TOVA, BatchMax, ExtremeDecode, Full, Window
 from tests.conftest import random_prompts
 
@@ -95,7 +96,7 @@ def window_reference(model, prompt, max_new, kv, p, sinks=0, prefill_evict=True)
     def run(tokens, start):
         ids = torch.tensor([tokens])
         position_ids = torch.arange(start, start + len(tokens))[None]
-        out = model(ids, position_ids=position_ids, past_key_values=cache, use_cache=True)
+        out = model(ids, position_ids=position_ids, **{cache_kwarg(model): cache}, use_cache=True)
         pos.extend(range(start, start + len(tokens)))
         return out.logits[0, -1].argmax().item()
 
@@ -152,12 +153,12 @@ def extreme_decode_reference(model, prompt, max_new, kv):
     kv pairs keep only the newest."""
     cache = DynamicCache(config=model.config)
     s = len(prompt)
-    out = model(torch.tensor([prompt]), past_key_values=cache, use_cache=True)
+    out = model(torch.tensor([prompt]), **{cache_kwarg(model): cache}, use_cache=True)
     _crop(cache, torch.tensor([s - 1]))
     tok = out.logits[0, -1].argmax().item()
     toks = [tok]
     for t in range(1, max_new):
-        out = model(torch.tensor([[tok]]), position_ids=torch.tensor([[s + t - 1]]), past_key_values=cache, use_cache=True)
+        out = model(torch.tensor([[tok]]), position_ids=torch.tensor([[s + t - 1]]), **{cache_kwarg(model): cache}, use_cache=True)
         if cache.layers[0].keys.shape[2] == kv:
             _crop(cache, torch.tensor([kv - 1]))
         tok = out.logits[0, -1].argmax().item()

@@ -70,3 +70,19 @@ def test_smollm2_full_cache_matches_generate(batch_size):
     ref = [hf_greedy(lm.model, p, 24, pad=lm.pad_token_id) for p in prompts]
     out = generate(lm.model, lm.tokenizer, prompts, Full(), batch_size, max_new_tokens=24, eos_token_ids=[])
     assert out.token_ids == ref
+
+
+def test_engine_uses_the_cache_argument_the_model_declares(tiny, prompts4):
+    """transformers 5.24 renamed forward's `past_key_values` to `cache` (the old name warns, then goes in
+    5.40): the engine, prefill chunks included, passes the name the installed transformers declares."""
+    import inspect
+    import warnings
+
+    from kvbench.models.compat import cache_kwarg
+
+    params = inspect.signature(type(tiny.model).forward).parameters
+    assert cache_kwarg(tiny.model) in params and cache_kwarg(tiny.model.get_decoder()) in params
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        generate(tiny.model, tiny.tokenizer, prompts4, Full(), 4, max_new_tokens=3, eos_token_ids=[], prefill_chunk=5)
+    assert not [w for w in seen if "past_key_values" in str(w.message)]
