@@ -167,12 +167,13 @@ def _run_batch(model, batch: _Batch, policy: Policy, max_new_tokens, eos_token_i
 
     def forward(tokens: torch.Tensor, r: torch.Tensor, logits: bool):
         positions = cache.begin_forward(r, tokens.shape[1])
-        kw = dict(input_ids=tokens.to(dev_in), position_ids=positions.to(dev_in), use_cache=True, kvbench_cache=cache)
+        kw = {"input_ids": tokens.to(dev_in), "position_ids": positions.to(dev_in), "use_cache": True,
+              "kvbench_cache": cache, (cache_name if logits else base_cache_name): cache}
         out = None
         if logits:
-            out = model(**kw, **{cache_name: cache}, logits_to_keep=1).logits[:, -1]
+            out = model(**kw, logits_to_keep=1).logits[:, -1]
         else:  # an intermediate prefill chunk only fills the cache: its hidden states are dropped at once
-            base(**kw, **{base_cache_name: cache})
+            base(**kw)
         if observer:
             observer("forward", cache)
         return out

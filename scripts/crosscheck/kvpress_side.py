@@ -80,12 +80,7 @@ def main() -> None:
                     with torch.inference_mode():
                         with press(model) if press is not None else contextlib.nullcontext():
                             logits = model(input_ids=x, past_key_values=cache, use_cache=True).logits[0, -1]
-                        heads = model.config.num_key_value_heads
-                        kept = [[list(range(len(ids)))] * heads] * model.config.num_hidden_layers  # the control keeps all
-                        tied = [[False] * heads] * model.config.num_hidden_layers
-                        gap = [[1.0] * heads] * model.config.num_hidden_layers
-                        if scores:
-                            kept, tied, gap = [], [], []
+                        kept, tied, gap = [], [], []
                         for layer in sorted(scores):  # empty for the control
                             s = scores[layer][0]  # (H_kv, k_len)
                             if hasattr(press, "get_layer_budget"):
@@ -93,13 +88,19 @@ def main() -> None:
                             else:
                                 n = compute_n_kept(s.shape[-1], ratio)
                             kept.append(torch.sort(s.topk(n, dim=-1).indices, dim=-1).values.tolist())
-                            # the n-th and (n+1)-th best scores equal: which of them topk keeps is unspecified
-                            top = torch.sort(s, dim=-1, descending=True).values
-                            tied.append((top[:, n - 1] == top[:, n]).tolist() if n < s.shape[-1] else [False] * len(s))
-                            # the relative gap between them: under float32 rounding, another order of summation
-                            # (kvbench's) may swap two pairs whose scores are this close
-                            gap.append(((top[:, n - 1] - top[:, n]) / top[:, n - 1].abs().clamp(min=1e-30)).tolist()
-                                       if n < s.shape[-1] else [1.0] * len(s))
+                            if n == s.shape[-1]:  # nothing dropped
+                                tied.append([False] * len(s))
+                                gap.append([1.0] * len(s))
+                                continue
+                            # the n-th and (n+1)-th best scores equal: which of them topk keeps is unspecified;
+                            # their relative gap: another summation order (kvbench's) may swap pairs this close
+                            top = s.topk(n + 1, dim=-1).values
+                            tied.append((top[:, n - 1] == top[:, n]).tolist())
+                            gap.append(((top[:, n - 1] - top[:, n]) / top[:, n - 1].abs().clamp(min=1e-30)).tolist())
+                        if not scores:  # the control keeps every pair
+                            layers, heads = model.config.num_hidden_layers, model.config.num_key_value_heads
+                            kept = [[list(range(len(ids)))] * heads] * layers
+                            tied, gap = [[False] * heads] * layers, [[1.0] * heads] * layers
                         tok = logits.argmax()
                         gen = [int(tok)]
                         pos = len(ids)
