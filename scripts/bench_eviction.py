@@ -36,19 +36,21 @@ batch_max decode faster than full's.
 
 Prints ONE JSON line with decode tokens/s (decode tokens = batch * (new_tokens - 1): the first
 token comes from the prefill's last forward), the speed-up, the overhead shares, peak KV bytes
-and the 1-minute load average before and after (the machine may be shared).
+and the 1-minute load average before and after (the machine may be shared), and appends it, with
+its `provenance` (command, commit, start time, load average), to `--out`
+(default `results/bench_eviction.jsonl`; `--out ''` only prints it).
 
     python scripts/bench_eviction.py [--batch-size 8] [--prompt-tokens 1024] [--kv-size 256]
                                      [--evict-every 64] [--new-tokens 128] [--repeats 2] [--threads N]
                                      [--policies full,batch_max,window,extreme_decode,extreme_decode_generic]
                                      [--no-warmup] [--attention auto] [--compare-attention sdpa]
+                                     [--out results/bench_eviction.jsonl]
 """
 
 from __future__ import annotations
 
 import argparse
 import inspect
-import json
 import os
 import sys
 import time
@@ -61,6 +63,9 @@ from kvbench.cache import KVCache
 from kvbench.engine import generate
 from kvbench.models import load_gguf_package
 from kvbench.policies import BatchMax, ExtremeDecode, Full, Window
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from provenance import Provenance  # noqa: E402
 
 
 class Timers:
@@ -125,7 +130,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     ap.add_argument("--attention", default="auto", help="gen.attention of every run (auto: fused for batch_max on CPU)")
     ap.add_argument("--compare-attention", default="", help="also run batch_max with this backend (e.g. sdpa)")
+    ap.add_argument("--out", default="results/bench_eviction.jsonl", help="append the JSON line here ('': print only)")
     args = ap.parse_args()
+    prov = Provenance()
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -235,7 +242,7 @@ def main() -> None:
         result["ed_at_least_full"] = result["ed_vs_full_decode"] >= 1.0
     result["load_avg_1m_before"] = round(load_before, 2)
     result["load_avg_1m_after"] = round(os.getloadavg()[0], 2)
-    print(json.dumps(result))
+    prov.emit(result, args.out)
 
 
 if __name__ == "__main__":

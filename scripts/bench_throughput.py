@@ -4,8 +4,10 @@ Does a larger batch pay on this machine? Every point is an ordinary kvbench run 
 its record appended to `<results-dir>/runs.jsonl`) over the same prompts: the first `--n-samples`
 samples of the task, `--max-new-tokens` new tokens each (EOS ignored), one untimed warm-up batch,
 throughput = generated tokens / wall time including prefill. `--n-samples` must be a multiple of
-every batch size so each point runs exactly the same samples. Prints one JSON line per point, then
-writes the plot. Points already recorded in `--results-dir` are reused (a re-run resumes).
+every batch size so each point runs exactly the same samples. Prints one JSON line per point and
+appends it, with its `provenance` (command, commit, start time, load average), to `--out` (default
+`results/throughput_vs_batch.jsonl`; `--out ''` only prints), then writes the plot. Points already
+recorded in `--results-dir` are reused (a re-run resumes).
 
     python scripts/bench_throughput.py                     # CNN/DM 1-shot, b = 1..16: a quiet machine
     python scripts/bench_throughput.py --task passkey --context-tokens 256 --n-samples 4 \\
@@ -15,7 +17,6 @@ writes the plot. Points already recorded in `--results-dir` are reused (a re-run
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -23,6 +24,9 @@ from hydra import compose, initialize_config_dir
 
 from kvbench.config import CONF_DIR
 from kvbench.runner import run
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import Provenance  # noqa: E402
 
 FIELDS = ("policy", "kv_size", "batch_size", "n_samples", "max_new_tokens", "status", "throughput_tok_s",
           "prefill_s", "decode_s", "wall_s", "generated_tokens", "peak_kv_bytes", "peak_mem_bytes", "run_id")
@@ -40,6 +44,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--results-dir", default="results/throughput")
     p.add_argument("--plot", default="results/throughput_vs_batch.png")
+    p.add_argument("--out", default="results/throughput_vs_batch.jsonl", help="append the JSON lines here ('': print only)")
     a = p.parse_args(argv)
     bad = [b for b in a.batch_sizes if b <= 0 or a.n_samples % b]
     if a.n_samples <= 0 or bad:
@@ -83,6 +88,7 @@ def plot(points: list[dict], path: Path, title: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     a = parse(argv)
+    prov = Provenance(None if argv is None else [sys.argv[0], *argv])
     points = []
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="bench_throughput"):
         for policy in ("full", "batch_max"):
@@ -90,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
                 record = run(compose("config", overrides=overrides(a, policy, b)))
                 point = {k: record.get(k) for k in FIELDS}
                 point["prompt_tokens_mean"] = (record.get("prompts") or {}).get("tokens_mean")
-                print(json.dumps(point), flush=True)
+                prov.emit(point, a.out)
                 points.append(point)
     prompt = round(points[0]["prompt_tokens_mean"] or 0)
     plot(points, Path(a.plot), f"{a.model}, CPU, {a.task}: {a.n_samples} prompts of ~{prompt} tokens,\n"

@@ -11,13 +11,15 @@ plan is a lower bound on b.
 
     python scripts/plan_vs_paper.py [--reserve-gb 1.5] [--out results/plan]
 
-Prints one JSON line per setting; writes OUT/plan_vs_paper.md and the plan records to OUT/runs.jsonl.
+Prints one JSON line per setting and appends it, with its `provenance` (command, commit, start time, load
+average), to OUT/plan_vs_paper.jsonl; writes OUT/plan_vs_paper.md and appends the plan records to
+OUT/runs.jsonl. `tests/test_docs_figures.py` renders the docs' table from OUT/plan_vs_paper.jsonl and re-plans
+a setting to check the record still holds for today's code.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -29,6 +31,9 @@ sys.path.insert(0, str(ROOT))
 
 from kvbench import memory, plan  # noqa: E402
 from kvbench.config import CONF_DIR  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "scripts"))
+from provenance import Provenance  # noqa: E402
 
 # method.md's published tables: ED (b, b0), FKV b, Batch-Max [(b, kv)]
 PUBLISHED = {
@@ -81,6 +86,7 @@ def main() -> None:
     p.add_argument("--reserve-gb", type=float, default=1.5, help="the documented per-GPU reserve to show")
     p.add_argument("--out", default=str(ROOT / "results" / "plan"))
     args = p.parse_args()
+    prov = Provenance()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -98,7 +104,7 @@ def main() -> None:
                                "BM": {kv: got[("BM", kv)] for kv in kvs}}
             lo, hi = reserve_interval(compose_cfg(exp, [f"results_dir={out}"]), published)
             line["eager_reserve_gb_interval"] = [round(lo, 2), round(hi, 2)]
-            print(json.dumps(line), flush=True)
+            prov.emit(line, out / "plan_vs_paper.jsonl")
             table.append(line)
     write_md(table, out / "plan_vs_paper.md", args.reserve_gb, time.perf_counter() - t0)
 

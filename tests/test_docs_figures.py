@@ -1,0 +1,293 @@
+"""Every figure the docs state is recomputed here from the committed record that made it.
+
+README.md, docs/ and results/*/README.md quote numbers a researcher will cite. Each test below reads
+the committed records (runs.jsonl, the benchmarks' JSON lines with their `provenance`), recomputes the
+figure the way the docs state it (same rounding), and asserts the docs say exactly that, in the
+sentence or table row that states it. A number changed by hand, or a record re-made without its
+prose, fails here. Report tables (`tables.md`) are regenerated from their records and compared whole.
+The planner's tables depend on code (memory.py, plan.py), not on a run: one setting is planned again
+here, so a change to the account that moves a documented batch size fails too.
+
+How a check reads: `states(doc, phrase, ...)`: the phrase, whitespace-normalised, is in the doc.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "results"
+
+
+# ------------------------------------------------------------------------------------------- helpers
+@cache
+def text(doc: str) -> str:
+    """The doc with every run of whitespace (line breaks included) as one space."""
+    return " ".join((ROOT / doc).read_text().split())
+
+
+def states(doc: str, *phrases: str) -> None:
+    missing = [p for p in (" ".join(p.split()) for p in phrases) if p not in text(doc)]
+    assert not missing, f"{doc} does not state what its record gives:\n" + "\n".join(f"  {m!r}" for m in missing)
+
+
+def lines(path: str | Path) -> list[dict]:
+    return [json.loads(x) for x in (ROOT / path).read_text().splitlines() if x.strip()]
+
+
+def one(records: list[dict], **where) -> dict:
+    """The one record whose fields (dotted keys for nested ones) equal `where`."""
+    def get(r, k):
+        for part in k.split("."):
+            r = r.get(part) if isinstance(r, dict) else None
+        return r
+
+    found = [r for r in records if all(get(r, k.replace("__", ".")) == v for k, v in where.items())]
+    assert len(found) == 1, f"{len(found)} records match {where}"
+    return found[0]
+
+
+def row(*cells) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def ci(v: float, lo_hi, sign: str = "") -> str:
+    lo, hi = lo_hi
+    return f"{v:{sign}.3f} [{lo:{sign}.3f}, {hi:{sign}.3f}]"
+
+
+@cache
+def report(folder: str):
+    """kvbench-report's tables of a results folder, from its committed records and per-sample files."""
+    from kvbench.report.tables import tables
+    from kvbench.results import read_records
+
+    return {t.key[1]: t for t in tables(read_records(RESULTS / folder), 0.96, RESULTS / folder)}
+
+
+def run_of(table, method: str, kv=None, b=None):
+    found = [r for r in table.runs if r.method == method and r.kv == kv and (b is None or r.b == b)]
+    assert len(found) == 1, (method, kv, found)
+    return found[0]
+
+
+def minutes(records: list[dict]) -> float:
+    """From the first record's start to the last one's end."""
+    start = min(datetime.fromisoformat(r["started_at"]) for r in records)
+    end = max(datetime.fromisoformat(r["started_at"]) + timedelta(seconds=r["wall_s"] or 0) for r in records)
+    return (end - start).total_seconds() / 60
+
+
+def strip_plots(md: str) -> list[str]:
+    return [x for x in md.splitlines() if x.strip() and not x.startswith("![")]
+
+
+# ---------------------------------------------------------------------- report tables, regenerated
+@pytest.mark.parametrize("folder", ["mini", "example_cnndm"])
+def test_tables_md_is_what_kvbench_report_makes_of_the_records(folder, tmp_path):
+    from kvbench.report.files import write_report
+
+    write_report(RESULTS / folder, tmp_path, plots=False)
+    assert strip_plots((tmp_path / "tables.md").read_text()) == strip_plots((RESULTS / folder / "tables.md").read_text())
+
+
+# ------------------------------------------------------------------------- results/mini and README
+def test_mini_reproduction_figures():
+    recs = lines("results/mini/runs.jsonl")
+    doc = "results/mini/README.md"
+    cn, nq, gs = report("mini")["cnndm"], report("mini")["narrativeqa"], report("mini")["gsm8k"]
+
+    def cell(t, m, kv=None, b=None):
+        r = run_of(t, m, kv, b)
+        return f"{r.b}, {'-' if kv is None else kv}, {ci(r.metric, r.ci)}, {r.tok_s:.1f}"
+
+    def diff(t, m, kv):
+        v = t.vs_fkv[run_of(t, m, kv).run_id].diff
+        return ci(v["mean"], v["ci"], "+")
+
+    def ratio(t, kv):
+        return f"{run_of(t, 'BM', kv).tok_s / run_of(t, 'ED', 2).tok_s:.2f}"
+
+    def ed(t):
+        r, b0 = run_of(t, "ED", 2), t.first_oom(run_of(t, "ED", 2)).b
+        return f"{r.b}, 2, {r.metric:.3f}, {r.tok_s:.1f} (b={b0} OOM)"
+
+    states(doc,
+           row("CNN/DM (ROUGE-2)", "mini", ed(cn), cell(cn, "FKV"), cell(cn, "BM", 1024), cell(cn, "BM", 896),
+               f"{ratio(cn, 1024)}, {ratio(cn, 896)}", f"{diff(cn, 'BM', 1024)}, {diff(cn, 'BM', 896)}"),
+           row("NarrativeQA (ROUGE-2)", "mini", ed(nq), cell(nq, "FKV"), cell(nq, "BM", 448), "(the same run)",
+               ratio(nq, 448), diff(nq, "BM", 448)),
+           row("GSM8K (accuracy)", "mini", ed(gs), cell(gs, "FKV"), cell(gs, "BM", 128), "(the same run)",
+               ratio(gs, 128), diff(gs, "BM", 128)))
+    assert cn.fastest([r for r in cn.runs if r.method == "BM" and r.metric >= cn.fkv.metric]).kv == 1024
+
+    # the setting: runs, wall time per task, prompt lengths, budgets
+    by_task = {t: [r for r in recs if r["task"] == t] for t in ("cnndm", "narrativeqa", "gsm8k")}
+    lo = min(r["prompts"]["tokens_min"] for r in recs)
+    hi = max(r["prompts"]["tokens_max"] for r in recs)
+    budgets = " / ".join(f"{by_task[t][0]['config']['memory']['budget_gb']:g}" for t in by_task)
+    states(doc, f"{len(recs)} runs",
+           "CNN/DM {:.0f} min, NarrativeQA {:.0f}, GSM8K {:.0f} of wall time".format(*map(minutes, by_task.values())),
+           f"chat prompts of {lo:,}-{hi:,} tokens", f"({budgets} GiB,")
+
+    # the CPU reason: ED's and Batch-Max's prefill and wall time on CNN/DM
+    e = one(recs, task="cnndm", policy="extreme_decode")
+    b = one(recs, task="cnndm", policy="batch_max", kv_size=1024)
+    states(doc, f"ED spends {e['prefill_s']:.0f} s of its {e['wall_s']:.0f} s on prefill, Batch-Max at kv=1024 "
+                f"{b['prefill_s']:.0f} s of {b['wall_s']:.0f} s, so +{e['wall_s'] / b['wall_s'] - 1:.0%}")
+    states(doc, f"ED on CNN/DM took {e['wall_s']:.0f} s")
+    gains = [float(ratio(nq, 448)), float(ratio(gs, 128))]
+    states(doc, f"the gain is {min(gains):.1f}-{max(gains):.1f}x")
+
+    # the accuracy paragraph
+    for kv in (512, 1088):
+        states(doc, f"({diff(cn, 'BM', kv)})" if kv == 512 else f"({run_of(cn, 'BM', kv).metric:.3f}) is noise ({diff(cn, 'BM', kv)})")
+    widths = [max(abs(x) for x in nq.vs_fkv[r.run_id].diff["ci"]) for r in nq.runs if r.method == "BM"]
+    assert all(0.04 <= w <= 0.07 for w in widths), widths  # "about +-0.05"
+    states(doc, "On NarrativeQA the paired intervals are about +-0.05")
+    fkv_gsm = one(recs, task="gsm8k", policy="full")
+    solved = round(fkv_gsm["metrics"]["accuracy"] * fkv_gsm["n_samples"])
+    one_right = sorted(r.kv for r in gs.runs if r.method == "BM" and round(r.metric * 24) == 1)
+    states(doc, f"solves {solved} of 24 GSM8K problems with the full cache (Batch-Max solves 1 at kv "
+                f"{one_right[0]}-{one_right[-1]}, [0, {max(run_of(gs, 'BM', k).ci[1] for k in one_right):.3f}])")
+
+    # agreement and output lengths (the report's, from the predictions)
+    agree = {t: [100 * v.agreement["prefix"] for v in tab.vs_fkv.values() if v.agreement]
+             for t, tab in (("cnndm", cn), ("narrativeqa", nq))}
+    states(doc, f"on CNN/DM {min(agree['cnndm']):.0f}-{max(agree['cnndm']):.0f}% of the tokens match",
+           f"on NarrativeQA {min(agree['narrativeqa']):.0f}-{max(agree['narrativeqa']):.0f}%")
+    L = lambda t, m, kv=None: t.lengths[run_of(t, m, kv).run_id]["mean"]  # noqa: E731
+    states(doc, f"(mean {L(cn, 'BM', 128):.0f} tokens at kv=128 against FKV's {L(cn, 'FKV'):.0f})",
+           f"ED's on NarrativeQA ({L(nq, 'ED', 2):.0f} against {L(nq, 'FKV'):.0f})")
+
+
+def test_readme_headline():
+    cn, nq, gs = report("mini")["cnndm"], report("mini")["narrativeqa"], report("mini")["gsm8k"]
+    ed, fkv, bm = run_of(cn, "ED", 2), run_of(cn, "FKV"), run_of(cn, "BM", 1024)
+    d = cn.vs_fkv[bm.run_id].diff
+    states("README.md",
+           f"(ED, kv=2) and the full cache both fit {ed.b} sequences",
+           f"fits {bm.b} at kv=1024 and reaches {bm.tok_s / ed.tok_s:.1f}x ED's throughput "
+           f"({bm.tok_s / fkv.tok_s:.1f}x the full cache's) with ROUGE-2 {bm.metric:.3f} against the full cache's "
+           f"{fkv.metric:.3f} (paired difference {ci(d['mean'], d['ci'], '+')})",
+           f"Batch-Max runs {run_of(nq, 'BM', 448).tok_s / run_of(nq, 'ED', 2).tok_s:.1f}x and "
+           f"{run_of(gs, 'BM', 128).tok_s / run_of(gs, 'ED', 2).tok_s:.1f}x ED's throughput")
+    widths = [max(abs(x) for x in v.diff["ci"]) for v in nq.vs_fkv.values() if v.diff]
+    assert max(widths) > 0.04  # "too wide to rank"
+    assert gs.fkv.metric == 0.0  # "the full cache solves none of them: parity there is vacuous"
+    states("README.md", "solves 0 of the 24 problems with the full cache")
+
+
+def test_example_cnndm_table():
+    t = report("example_cnndm")["cnndm"]
+    fkv = t.fkv
+    doc = "results/example_cnndm/README.md"
+
+    def lengths(r):
+        ln = t.lengths[r.run_id]
+        return f"{ln['mean']:.1f} / {ln['median']:g} / {ln['max']}"
+
+    states(doc, row("FKV", "-", ci(fkv.metric, fkv.ci), "", lengths(fkv)))
+    for m, kv in (("BM", 128), ("BM", 256), ("Window", 128), ("Window", 256)):
+        r = run_of(t, m, kv)
+        d = t.vs_fkv[r.run_id].diff
+        states(doc, row(m, kv, ci(r.metric, r.ci), ci(d["mean"], d["ci"], "+"), lengths(r)))
+    states(doc, f"FKV's own interval spans {fkv.ci[0]:.2f} to {fkv.ci[1]:.2f}",
+           f"after {t.lengths[run_of(t, 'Window', 128).run_id]['median']:g} tokens at the median, against "
+           f"{t.lengths[fkv.run_id]['median']:g} for FKV")
+
+
+# ------------------------------------------------------------------------------------------ planner
+PLAN_NAMES = {"paper_llama2_cnndm": "Llama-2 CNN/DM", "paper_llama2_narrativeqa": "Llama-2 NarrativeQA",
+              "paper_llama2_gsm8k": "Llama-2 GSM8K (2 GPUs)", "paper_phi35_cnndm": "Phi-3.5 CNN/DM",
+              "paper_phi35_narrativeqa": "Phi-3.5 NarrativeQA", "paper_phi35_gsm8k": "Phi-3.5 GSM8K"}
+
+
+def plan_rows(line: dict) -> list[str]:
+    """results/plan/README.md's rows of one setting, from its plan_vs_paper.jsonl line."""
+    conds = ["eager", "eager, first block in chunks of p", "sdpa", "eager, reserve 1.5 GiB"]
+    pair = lambda v: f"{v[0]} / {v[1]}"  # noqa: E731
+    (b, b0), fkv, bm = line["paper"]["ED"], line["paper"]["FKV"], line["paper"]["BM"]
+    out = [row(PLAN_NAMES[line["setting"]], "ED (kv 2)", f"{b} / {b0}", *(pair(line[c]["ED"]) for c in conds)),
+           row("", "FKV", fkv, *(pair(line[c]["FKV"]) for c in conds))]
+    out += [row("", f"BM kv {kv}", pb, *(pair(line[c]["BM"][str(kv)]) for c in conds)) for pb, kv in bm]
+    return out
+
+
+def test_plan_vs_paper_table_is_its_record():
+    recs = lines("results/plan/plan_vs_paper.jsonl")
+    assert [r["setting"] for r in recs] == list(PLAN_NAMES)
+    for r in recs:
+        states("results/plan/README.md", *plan_rows(r))
+    lo = max(r["eager_reserve_gb_interval"][0] for r in recs)
+    hi = min(r["eager_reserve_gb_interval"][1] for r in recs)
+    prov = recs[-1]["provenance"]
+    states("results/plan/README.md", f"any reserve in ({lo}, {hi}] GiB", f"some term must be larger by more than {lo} GiB",
+           f"(about {prov['wall_s']:.0f} s here, load average {prov['load_avg_1m_before']:.1f}",
+           f"at commit {prov['commit'][:7]}")
+    # the b = 5 peak of ED on Llama-2 CNN/DM against the per-GPU memory, from the plan record
+    plan = one(lines("results/plan/runs.jsonl"), experiment="paper_llama2_cnndm", config__plan__backends=["eager"],
+               config__memory__reserve_gb=0.0, config__gen__prefill_chunk=4096)
+    ed = next(x for x in plan["plan"]["rows"] if x["method"] == "ED")
+    gib = 32510 / 1024
+    states("results/plan/README.md", f"accounted peak is {ed['peak_bytes'] / 2**30:.2f} GiB of {gib:.2f}",
+           f"5 x 40 x 3584² x 2 bytes = {5 * 40 * 3584**2 * 2 / 2**30:.1f} GiB")
+
+
+def test_memory_md_plan_printout_is_todays_plan(tmp_path):
+    """docs/memory.md's kvbench-plan printout, planned again with today's account (no weights, seconds)."""
+    from hydra import compose, initialize_config_dir
+
+    from kvbench import plan
+    from kvbench.config import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="docs_figures"):
+        cfg = compose("config", overrides=["experiment=paper_llama2_cnndm", f"results_dir={tmp_path}"])
+    record = plan.plan(cfg)
+    printed = [x for x in plan.table(record).splitlines() if x.strip()]
+    states("docs/memory.md", *printed)
+    # and the committed plan_vs_paper record of the same setting says the same batch sizes
+    line = one(lines("results/plan/plan_vs_paper.jsonl"), setting="paper_llama2_cnndm")
+    got = {(r["attention"], r["method"], r["kv_size"]): [r["max_batch_size"], r["first_oom_batch_size"]]
+           for r in record["plan"]["rows"]}
+    for backend in ("eager", "sdpa"):
+        assert got[(backend, "ED", 2)] == line[backend]["ED"] and got[(backend, "FKV", None)] == line[backend]["FKV"]
+        assert all(got[(backend, "BM", int(kv))] == v for kv, v in line[backend]["BM"].items())
+
+
+@pytest.mark.slow
+def test_plan_vs_paper_record_is_todays_plan(tmp_path):
+    """All six settings planned again (about a minute): the committed record still holds for today's code."""
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "plan_vs_paper.py"), "--out", str(tmp_path)], check=True,
+                   capture_output=True)
+    strip = lambda rs: [{k: v for k, v in r.items() if k != "provenance"} for r in rs]  # noqa: E731
+    assert strip(lines(tmp_path / "plan_vs_paper.jsonl")) == strip(lines("results/plan/plan_vs_paper.jsonl"))
+
+
+# ------------------------------------------------------------------------------------ docs/memory.md
+def test_memory_md_max_batch_example():
+    recs = lines("results/max_batch_cnndm/runs.jsonl")
+    doc = "docs/memory.md"
+    ed, fkv, bm = (one(recs, policy=p) for p in ("extreme_decode", "full", "batch_max"))
+    for r in (ed, fkv, bm):
+        assert r["n_samples"] == 48 and r["search"]["decided_by"] == "accounted" and r["git_sha"].startswith("581bd7d")
+        states(doc, row(r["policy"], r["kv_size"] or "-", r["search"]["max_batch_size"], r["search"]["first_oom_batch_size"],
+                        f"{r['accounted_mem_bytes'] / 2**30:.3f} GiB"))
+    p = bm["prompts"]
+    states(doc, f"the first {p['n']} CNN/DM 1-shot prompts from `../shared/data`, {p['tokens_min']:,} to {p['tokens_max']:,} tokens",
+           f"commit {bm['git_sha'][:7]}",
+           f"Batch-Max fits {bm['search']['max_batch_size'] // ed['search']['max_batch_size']}x the batch",
+           f"b0 of {bm['search']['first_oom_batch_size']} is a verdict of the budget",
+           "Each search took {:.0f}-{:.0f} s".format(min(r["search"]["wall_s"] for r in recs),
+                                                     max(r["search"]["wall_s"] for r in recs)))
+    assert bm["search"]["first_oom_batch_size"] < bm["n_samples"]  # the budget, not the sample count, stops it
+    s = [r["plan"]["seconds"] for r in lines("results/plan/runs.jsonl")]
+    states(doc, f"took {min(s)} to {max(s)} s here (`plan.seconds`)")
