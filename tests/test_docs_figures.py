@@ -291,3 +291,75 @@ def test_memory_md_max_batch_example():
     assert bm["search"]["first_oom_batch_size"] < bm["n_samples"]  # the budget, not the sample count, stops it
     s = [r["plan"]["seconds"] for r in lines("results/plan/runs.jsonl")]
     states(doc, f"took {min(s)} to {max(s)} s here (`plan.seconds`)")
+
+
+# --------------------------------------------------------------------------------------- serve mode
+LABEL = {"window": "window (4 sinks)", "h2o": "h2o", "full": "full", "batch_max": "batch_max"}
+
+
+def test_goodput_figures():
+    recs = lines("results/serve/goodput/runs.jsonl")
+    g = {(r["policy"], r["config"]["serve"]["rate"]): r for r in recs}
+    for pol, rate in (("full", 0.5), ("full", 2.0), ("window", 2.0), ("batch_max", 2.0), ("h2o", 1.0), ("h2o", 2.0)):
+        s = g[(pol, rate)]["serve"]
+        states("docs/serving.md", row(LABEL[pol], f"{rate:g}", f"{s['goodput_rps']:.3f}", f"{s['slo_attained']:.0%}",
+                                      f"{s['ttft_s']['p90']:.1f}", s["preemptions"],
+                                      f"{g[(pol, rate)]['peak_kv_bytes'] / 2**20:.1f}"))
+    full = [g[("full", r)]["serve"] for r in (0.5, 1.0, 2.0)]
+    pre = [s["preemptions"] for s in full]
+    rec = [s["recomputed_tokens"] for s in full]
+    good = [s["goodput_rps"] for s in full]
+    assert [r for (p, r), x in g.items() if p == "full" and x["serve"]["slo_attained"] == 1.0] == [0.25]
+    assert {s["running_max"] for s in full} == {3}
+    evicting = max(g[(p, 2.0)]["serve"]["running_max"] for p in ("window", "batch_max"))
+    assert all(g[(p, r)]["serve"]["preemptions"] == 0 and g[(p, r)]["serve"]["slo_attained"] == 1.0
+               for p in ("window", "batch_max") for r in (0.25, 0.5, 1.0, 2.0))
+    starts = sorted(r["started_at"] for r in recs)
+    for doc in ("docs/serving.md", "results/serve/README.md"):
+        states(doc, f"{min(pre)}-{max(pre)} preemptions", f"run up to {evicting} at once",
+               f"{starts[0][:10]} {starts[0][11:16]}-{starts[-1][11:16]} UTC", f"at commit {recs[0]['git_sha'][:7]}")
+    h = g[("h2o", 2.0)]["serve"]
+    states("results/serve/README.md",
+           f"{round(min(rec), -3):,}-{round(max(rec), -3):,} prompt tokens recomputed",
+           f"goodput falls to {min(good):.2f}-{max(good):.2f} requests/s",
+           f"(goodput {g[('window', 2.0)]['serve']['goodput_rps']:.2f} and {g[('batch_max', 2.0)]['serve']['goodput_rps']:.2f})",
+           f"falls to {h['goodput_rps']:.2f} at 2 ({h['preemptions']} preemptions)",
+           f"`goodput/runs.jsonl` the {len(recs)} records")
+
+
+def test_bench_serve_table():
+    line = lines("results/serve/bench_serve.jsonl")[-1]
+    pct = lambda x: f"{100 * x:.0f}%"  # noqa: E731
+    for n, v in line["n"].items():
+        s = v["split"]
+        states("docs/serving.md", row(n, f"{v['static_tok_s']:.1f}", f"{v['serve_tok_s']:.1f}", f"**{v['ratio']:.2f}**",
+                                      "yes" if v["same_tokens"] else "no", *map(pct, (s[k] for k in (
+                                          "linear", "attention", "model_rest", "kv_io", "loop"))),
+                                      pct(v["outside_linear_and_attention"]), f"{100 * v['serving_overhead']:.1f}%"))
+    n = line["n"]
+    rest = [v["static_split"]["model_rest"] for v in n.values()]
+    states("docs/serving.md",
+           f"Serve mode is {n['8']['ratio']:.2f}x the static engine at 8 requests and {n['32']['ratio']:.2f}x at 32",
+           f"{n['1']['ratio']:.2f}x at a single request, where its page writes and gathers (`kv_io`, "
+           f"{pct(n['1']['split']['kv_io'])})",
+           f"which are {pct(min(rest))[:-1]}-{pct(max(rest))} of the static engine's step")
+
+
+def test_serve_compare_table():
+    recs = {r["policy"]: r for r in lines("results/serve/runs.jsonl")}
+    for pol, r in recs.items():
+        s = r["serve"]
+        name = {"window": "window (4 sinks)", "h2o": "h2o (decode_only)"}.get(pol, pol)
+        states("results/serve/README.md", row(name, s["steps"], s["preemptions"], s["recomputed_tokens"],
+                                              f"{s['running_mean']:.1f} / {s['running_max']}", f"{s['output_tok_s']:.2f}",
+                                              f"{s['ttft_s']['p50']:.0f}", f"{r['metrics']['rouge2']:.3f}"))
+    full, ev = recs["full"]["serve"], [recs[p]["serve"] for p in ("window", "batch_max", "h2o")]
+    tps = [s["output_tok_s"] for s in ev]
+    assert {s["steps"] for s in ev} == {ev[0]["steps"]}
+    states("results/serve/README.md", f"{full['steps'] / ev[0]['steps']:.2f}x as many forwards ({full['steps']} steps against "
+                                      f"{ev[0]['steps']}; its {full['preemptions']} preemptions recompute "
+                                      f"{full['recomputed_tokens']} prompt tokens)",
+           f"({min(tps):.2f}-{max(tps):.2f} against full's {full['output_tok_s']:.2f})",
+           f"differ by {max(tps) / min(tps):.1f}x among themselves")
+    states("docs/serving.md", f"full runs about {full['running_mean']:.0f} requests at once and preempts "
+                              f"{full['preemptions']} times; the evicting policies run up to {max(s['running_max'] for s in ev)}")
