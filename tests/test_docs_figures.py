@@ -14,6 +14,7 @@ How a check reads: `states(doc, phrase, ...)`: the phrase, whitespace-normalised
 from __future__ import annotations
 
 import json
+import statistics
 from datetime import datetime, timedelta
 from functools import cache
 from pathlib import Path
@@ -363,3 +364,43 @@ def test_serve_compare_table():
            f"differ by {max(tps) / min(tps):.1f}x among themselves")
     states("docs/serving.md", f"full runs about {full['running_mean']:.0f} requests at once and preempts "
                               f"{full['preemptions']} times; the evicting policies run up to {max(s['running_max'] for s in ev)}")
+
+
+# ------------------------------------------------------------------------------- results/README.md
+def test_results_readme_benchmarks():
+    doc = "results/README.md"
+    ed = lines("results/bench_eviction_ed.jsonl")[-1]
+    states(doc, f"load average {ed['load_avg_1m_before']:.1f} before",
+           f"decoded **{ed['extreme_decode_decode_tok_s']:.1f} tokens/s** against the full cache's "
+           f"**{ed['full_decode_tok_s']:.1f}** (over 1,024+ pairs), {ed['ed_vs_full_decode']:.2f}x (`ed_at_least_full: "
+           f"{str(ed['ed_at_least_full']).lower()}`)",
+           f"{ed['extreme_decode_evict_s']:.3f} s in all, {ed['extreme_decode_evict_share']:.1%} of its decode time",
+           f"spent {ed['extreme_decode_generic_evict_s']:.3f} s ({ed['extreme_decode_generic_evict_share']:.1%}) and decoded "
+           f"{ed['extreme_decode_generic_decode_tok_s']:.1f} tokens/s")
+    a = lines("results/bench_eviction_attention.jsonl")[-1]
+    states(doc, f"load average {a['load_avg_1m_before']:.0f}-{a['load_avg_1m_after']:.0f} on 2 cores",
+           row("prefill s", f"{a['full_prefill_s']:.2f}", f"{a['window_prefill_s']:.2f}",
+               f"{a['batch_max_prefill_s']:.2f} (**{a['prefill_vs_window']:.3f}x window**)",
+               f"{a['batch_max_sdpa_prefill_s']:.2f} ({a['sdpa_prefill_vs_window']:.3f}x window)"),
+           row(f"decode tokens/s ({a['new_tokens'] - 1} steps)", f"{a['full_decode_tok_s']:.2f}",
+               f"{a['window_decode_tok_s']:.2f}", f"{a['batch_max_decode_tok_s']:.2f} ({a['speedup']:.2f}x full)",
+               f"{a['batch_max_sdpa_decode_tok_s']:.2f}"),
+           f"`targets_met: {str(a['targets_met']).lower()}`",
+           f"`tokens_equal_across_backends: {str(a['tokens_equal_across_backends']).lower()}`",
+           f"is the comparable figure: {a['overhead_share_vs_window']:.1%} here")
+    pts = lines("results/throughput_vs_batch.jsonl")
+    by = {(p["policy"], p["batch_size"]): p for p in pts}
+    for b in (1, 2, 4, 8, 16):
+        f, m = by[("full", b)], by[("batch_max", b)]
+        states(doc, row(b, f"{f['throughput_tok_s']:.2f}", f"{f['prefill_s']:.0f} / {f['decode_s']:.0f}",
+                        f"{m['throughput_tok_s']:.2f}", f"{m['prefill_s']:.0f} / {m['decode_s']:.0f}"))
+    full_tps = [by[("full", b)]["throughput_tok_s"] for b in (1, 2, 4, 8, 16)]
+    bm_pre = [by[("batch_max", b)]["prefill_s"] for b in (1, 2, 4, 8, 16)]
+    assert 7 <= min(full_tps) and max(full_tps) < 9 and all(90 <= x <= 115 for x in bm_pre)  # "7-8 tok/s", "about 100 s"
+    start = min(datetime.strptime(p["run_id"][:15], "%Y%m%d-%H%M%S") for p in pts)
+    end = max(datetime.strptime(p["run_id"][:15], "%Y%m%d-%H%M%S") + timedelta(seconds=p["wall_s"]) for p in pts)
+    assert abs((end - start).total_seconds() / 60 - 50) < 2.5  # "about 50 minutes"
+    states(doc, f"{pts[0]['n_samples']} samples of {statistics.mean(p['prompt_tokens_mean'] for p in pts):,.0f} tokens on average",
+           "about 50 minutes from the first point's start",
+           f"{by[('batch_max', 16)]['throughput_tok_s'] / by[('full', 16)]['throughput_tok_s']:.1f}x the full cache's "
+           "throughput at batch 16")
