@@ -4,13 +4,13 @@ kvbench-plan predicts for the same setting without loading weights (same process
 
     python scripts/max_batch_table.py results/mini_eager [--experiment mini_eager_cnndm] [--data-dir ../shared/data]
 
-Prints one JSON line (searched and planned cells); writes RESULTS_DIR/max_batch.md.
+Prints one JSON line (searched and planned cells) and appends it, with its `provenance` (command, commit,
+start time, load average), to RESULTS_DIR/max_batch.jsonl; writes RESULTS_DIR/max_batch.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -24,6 +24,9 @@ from kvbench.config import CONF_DIR  # noqa: E402
 from kvbench.report import METHODS, attention_of, latest  # noqa: E402
 from kvbench.results import read_records  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "scripts"))
+from provenance import Provenance  # noqa: E402
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -31,6 +34,7 @@ def main() -> None:
     p.add_argument("--experiment", default="mini_eager_cnndm")
     p.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
     args = p.parse_args()
+    prov = Provenance()
     searched: dict[tuple, tuple] = {}
     for r in latest(read_records(args.results_dir)):
         s = r.get("search")
@@ -73,8 +77,10 @@ def main() -> None:
                                           "where kvbench-plan predicts otherwise its figure is in brackets."),
             "", *lines]
     Path(args.results_dir, "max_batch.md").write_text("\n".join(text) + "\n")
-    print(json.dumps({"same_as_plan": same, "searched": {f"{k[0]} {k[1]} | {c[0]} {c[1]}": v for (k, c), v in
-                                                         searched.items()}}))
+    prov.emit({"same_as_plan": same,
+               "searched": {f"{k[0]} {k[1]} | {c[0]} {c[1]}": v for (k, c), v in searched.items()},
+               "planned": {f"{k[0]} {k[1]} | {c[0]} {c[1]}": v for (k, c), v in planned.items()}},
+              Path(args.results_dir, "max_batch.jsonl"))
 
 
 if __name__ == "__main__":

@@ -404,3 +404,26 @@ def test_results_readme_benchmarks():
            "about 50 minutes from the first point's start",
            f"{by[('batch_max', 16)]['throughput_tok_s'] / by[('full', 16)]['throughput_tok_s']:.1f}x the full cache's "
            "throughput at batch 16")
+
+
+def test_mini_eager_max_batch_table():
+    doc = "results/mini_eager/README.md"
+    recs = [r for r in lines("results/mini_eager/runs.jsonl") if r.get("search")]
+    cell = {}
+    for r in recs:
+        key = ({"extreme_decode": "ED", "full": "FKV", "batch_max": "BM"}[r["policy"]], r["kv_size"])
+        col = (r["attention"], r["config"]["gen"]["prefill_chunk"])
+        s = r["search"]
+        cell[key, col] = f"{s['max_batch_size']} / {s['first_oom_batch_size'] or '-'}"
+    cols = [("sdpa", None), ("sdpa", 4096), ("eager", None), ("eager", 4096)]
+    for key in (("ED", 2), ("FKV", None), ("BM", 512), ("BM", 896), ("BM", 1024)):
+        states(doc, row(key[0], key[1] or "-", *(cell[key, c] for c in cols)))
+    assert all(cell[("BM", kv), c] == "24 / -" for kv in (128, 256) for c in cols)  # "fit all 24 samples everywhere"
+    check = lines("results/mini_eager/max_batch.jsonl")[-1]
+    assert check["same_as_plan"] and len(check["searched"]) == len(recs) == 28
+    states(doc, f"{len(recs)} searches", f"kvbench-plan predicts all {len(recs)} of them exactly")
+    starts = sorted(datetime.fromisoformat(r["started_at"]) for r in recs)
+    assert round((starts[-1] - starts[0]).total_seconds() / 60) == 10
+    p = recs[0]["prompts"]
+    states(doc, f"({p['n']} prompts of {p['tokens_min']:,}-{p['tokens_max']:,} tokens)",
+           f"9 x {p['tokens_max']}² float32 probabilities per sample ({9 * p['tokens_max']**2 * 4 / 2**30:.2f} GiB")
