@@ -427,3 +427,22 @@ def test_mini_eager_max_batch_table():
     p = recs[0]["prompts"]
     states(doc, f"({p['n']} prompts of {p['tokens_min']:,}-{p['tokens_max']:,} tokens)",
            f"9 x {p['tokens_max']}² float32 probabilities per sample ({9 * p['tokens_max']**2 * 4 / 2**30:.2f} GiB")
+
+
+# ------------------------------------------------------------------------------------------ the demo
+def test_demo_table_and_prompt_length():
+    from kvbench.demo import table
+
+    recs = lines("results/demo/runs.jsonl")
+    states("results/demo/README.md", *[x for x in table(recs).splitlines() if x.strip()])
+    passkey = [r for r in recs if r["task"] == "passkey"]
+    (length,) = {(r["prompts"]["tokens_min"], r["prompts"]["tokens_max"]) for r in passkey}
+    assert length[0] == length[1]
+    (n,) = {r["prompts"]["n"] for r in passkey}
+    for doc, phrase in (("README.md", f"({n} prompts of {length[0]} tokens, batch 4)"),
+                        ("docs/getting-started.md", f"({n} prompts of {length[0]} tokens with a 5-digit"),
+                        ("results/demo/README.md", f"({n} prompts of {length[0]} tokens with a")):
+        states(doc, phrase)
+    snap = one(passkey, policy="snapkv")
+    states("results/demo/README.md", f"SnapKV's {snap['metrics']['accuracy']:.3f} on {n} passkey samples has the interval "
+                                     "[{:.3f}, {:.3f}]".format(*snap["metrics"]["accuracy_ci"]))
