@@ -446,3 +446,41 @@ def test_demo_table_and_prompt_length():
     snap = one(passkey, policy="snapkv")
     states("results/demo/README.md", f"SnapKV's {snap['metrics']['accuracy']:.3f} on {n} passkey samples has the interval "
                                      "[{:.3f}, {:.3f}]".format(*snap["metrics"]["accuracy_ci"]))
+
+
+# -------------------------------------------------------------------------------------- cross-check
+def test_crosscheck_table_and_prose():
+    s = json.loads((RESULTS / "crosscheck" / "summary.json").read_text())
+    rows = {(r["press"], r["kvbench"], r["ratio"]): r for r in s["rows"]}
+    for r in s["rows"]:
+        extra = r["rows_identical_or_ties"] - r["identical_rows"]
+        states("results/crosscheck/table.md", (
+            f"| {r['press']} | {r['kvbench']} | {'-' if r['press'] == 'none' else format(r['ratio'], 'g')} | "
+            f"{r['identical_rows']}/{r['rows']}{f' (+{extra} at ties)' if extra else ''} | {r['mean_common_prefix']:.3f} | "
+            f"{r['identical_sets']}/{r['sets']} | {r['jaccard_mean']:.4f} / {r['jaccard_min']:.4f} | "
+            f"{r['rouge2_kvbench']:.4f} / {r['rouge2_kvpress']:.4f} |"))
+    lens = s["prompt_tokens"]
+    frac = lambda k: "{identical_rows}/{rows}".format(**rows[k])  # noqa: E731
+    same_rule = [k for k in rows if k[0] != "none" and k[2] == 0.5 and " " not in k[1] and k[1] != "h2o"]
+    assert all(rows[k]["identical_rows"] == rows[k]["rows"] == 16 for k in same_rule)
+    short = sorted(({int(i) for k in (("snapkv", "snapkv", 0.75), ("pyramidkv", "pyramidkv", 0.75))
+                     for i in rows[k]["diverged_rows"]}))
+    budgets = [int(lens[i] * 0.25) for i in short]
+    tova = rows[("tova", "tova", 0.75)]
+    for doc in ("results/crosscheck/README.md", "docs/crosscheck.md"):
+        states(doc, f"({min(lens)}-{max(lens):,} prompt tokens" if doc.startswith("results") else
+               f"({min(lens)}-{max(lens):,} prompt tokens)")
+    states("results/crosscheck/README.md",
+           f"Knorm {frac(('knorm', 'knorm', 0.75))} (row {next(iter(rows[('knorm', 'knorm', 0.75)]['diverged_rows']))}:",
+           f"TOVA {frac(('tova', 'tova', 0.75))}", f"`policy.protect_recent=1` gives {frac(('tova', 'tova protect_recent=1', 0.75))}",
+           f"SnapKV and PyramidKV {frac(('snapkv', 'snapkv', 0.75))} (rows {short[0]} and {short[1]}: prompts of "
+           f"{lens[short[0]]} and {lens[short[1]]} tokens, so budgets of {budgets[0]} and {budgets[1]} under the 64-pair window",
+           f"(kept-set Jaccard {rows[('observed_attention', 'h2o', 0.5)]['jaccard_mean']:.2f} at 0.5, "
+           f"{rows[('observed_attention', 'h2o', 0.75)]['jaccard_mean']:.2f} at 0.75)")
+    states("docs/crosscheck.md",
+           f"These prompts have {lens[short[0]]} and {lens[short[1]]} tokens, so the budget is {budgets[0]} and {budgets[1]} pairs",
+           f"a Jaccard of {rows[('observed_attention', 'h2o', 0.5)]['jaccard_mean']:.2f} at 0.5 and "
+           f"{rows[('observed_attention', 'h2o', 0.75)]['jaccard_mean']:.2f} at 0.75",
+           f"({tova['sets'] - tova['identical_sets']} of {tova['sets']:,} sets differ)",
+           f"PyramidKV: {frac(('pyramidkv', 'pyramidkv budget_rule=window_plus', 0.5))} identical rows before, "
+           f"{frac(('pyramidkv', 'pyramidkv', 0.5))} after at 0.5")
