@@ -484,3 +484,15 @@ def test_crosscheck_table_and_prose():
            f"({tova['sets'] - tova['identical_sets']} of {tova['sets']:,} sets differ)",
            f"PyramidKV: {frac(('pyramidkv', 'pyramidkv budget_rule=window_plus', 0.5))} identical rows before, "
            f"{frac(('pyramidkv', 'pyramidkv', 0.5))} after at 0.5")
+
+
+# ------------------------------------------------------------------------------------ docs/matrix.md
+def test_matrix_counts():
+    """(The re-rotation errors docs/matrix.md quotes are checked by tests/test_rerotate_half.py, which computes them.)"""
+    from tests.matrix import pairwise, product, refusal
+
+    full = product()
+    refused = sum(1 for c in full if refusal(c))
+    cover = pairwise()
+    states("docs/matrix.md", f"**pairwise cover** ({len(cover)} combinations, {sum(1 for c in cover if refusal(c))} of them refused)",
+           f"({len(full):,} combinations: {refused:,} are refused before any model loads, {len(full) - refused:,} run;")
