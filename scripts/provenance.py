@@ -50,13 +50,15 @@ class Provenance:
         self.started = datetime.now(timezone.utc)
         self.t0 = time.perf_counter()
         self.load_before = round(os.getloadavg()[0], 2)
+        status = git("status", "--porcelain", "--untracked-files=no")
+        self.commit = git("rev-parse", "HEAD")  # the code that runs: taken at the start
+        self.dirty = bool(status) if status is not None else None  # uncommitted changes to tracked files
 
     def fields(self) -> dict:
-        status = git("status", "--porcelain", "--untracked-files=no")
         return {
             "command": self.command,
-            "commit": git("rev-parse", "HEAD"),
-            "dirty": bool(status) if status is not None else None,  # uncommitted changes to tracked files
+            "commit": self.commit,
+            "dirty": self.dirty,
             "started_at": self.started.isoformat(timespec="seconds"),
             "wall_s": round(time.perf_counter() - self.t0, 1),
             "load_avg_1m_before": self.load_before,
