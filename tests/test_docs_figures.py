@@ -167,6 +167,20 @@ def test_mini_reproduction_figures():
            f"ED's on NarrativeQA ({L(nq, 'ED', 2):.0f} against {L(nq, 'FKV'):.0f})")
 
 
+def test_examples_in_results_md_and_reproducing_md():
+    """docs/results.md's examples and docs/reproducing.md's summary are results/mini's figures."""
+    cn, nq, gs = report("mini")["cnndm"], report("mini")["narrativeqa"], report("mini")["gsm8k"]
+    fkv = cn.fkv
+    states("docs/results.md", f'`"rouge2_ci": [{fkv.ci[0]:.3f}, {fkv.ci[1]:.3f}]`', f"`{ci(fkv.metric, fkv.ci)}` in every table",
+           f"cannot tell {run_of(cn, 'BM', 1088).metric:.3f} from {run_of(cn, 'BM', 1024).metric:.3f}")
+    assert abs(fkv.metric - 0.06) < 0.01  # "ROUGE-2 about 0.06"
+    b = sorted({run_of(t, "BM", kv).b for t, kv in ((cn, 1024), (nq, 448), (gs, 128))})
+    gains = [run_of(nq, "BM", 448).tok_s / run_of(nq, "ED", 2).tok_s, run_of(gs, "BM", 128).tok_s / run_of(gs, "ED", 2).tok_s]
+    states("docs/reproducing.md", f"(one budget: ED and FKV fit b = {cn.fkv.b}, Batch-Max {b[0]} to {b[-1]})",
+           f"{min(gains):.1f}-{max(gains):.1f}x where kv is small")
+    assert {run_of(t, "ED", 2).b for t in (cn, nq, gs)} == {t.fkv.b for t in (cn, nq, gs)} == {4}
+
+
 def test_readme_headline():
     cn, nq, gs = report("mini")["cnndm"], report("mini")["narrativeqa"], report("mini")["gsm8k"]
     ed, fkv, bm = run_of(cn, "ED", 2), run_of(cn, "FKV"), run_of(cn, "BM", 1024)
@@ -477,6 +491,9 @@ def test_crosscheck_table_and_prose():
            f"{lens[short[0]]} and {lens[short[1]]} tokens, so budgets of {budgets[0]} and {budgets[1]} under the 64-pair window",
            f"(kept-set Jaccard {rows[('observed_attention', 'h2o', 0.5)]['jaccard_mean']:.2f} at 0.5, "
            f"{rows[('observed_attention', 'h2o', 0.75)]['jaccard_mean']:.2f} at 0.75)")
+    states("README.md", f"same tokens as kvpress 0.5.5 on 16 of {len(lens)} CNN/DM prompts at compression 0.5")
+    states("docs/policies.md", f"their kept sets have a Jaccard of {rows[('observed_attention', 'h2o', 0.5)]['jaccard_mean']:.2f} "
+                               f"at compression 0.5 and {rows[('observed_attention', 'h2o', 0.75)]['jaccard_mean']:.2f} at 0.75")
     states("docs/crosscheck.md",
            f"These prompts have {lens[short[0]]} and {lens[short[1]]} tokens, so the budget is {budgets[0]} and {budgets[1]} pairs",
            f"a Jaccard of {rows[('observed_attention', 'h2o', 0.5)]['jaccard_mean']:.2f} at 0.5 and "
