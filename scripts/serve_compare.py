@@ -7,7 +7,8 @@ own defaults (decode_only: it holds the whole prompt until prefill ends, like Op
 to `--out`/runs.jsonl (resumable: a policy already recorded there with the same config is skipped).
 Writes `--out`/table.md, `--out`/compare.png (throughput, preemptions, TTFT, concurrency per
 policy) and `--out`/utilisation.png (pool utilisation and running requests over time, all
-policies), and prints ONE JSON line of ratios to full measured in this process.
+policies), and prints ONE JSON line of ratios to full measured in this process, appended with its
+`provenance` (command, commit, start time, load average) to `--out`/serve_compare.jsonl.
 
     python scripts/serve_compare.py [--kv-size 128] [--out results/serve] [--policies full,window,batch_max,h2o]
                                     [extra hydra overrides ...]
@@ -16,8 +17,8 @@ policies), and prints ONE JSON line of ratios to full measured in this process.
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import sys
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -25,6 +26,9 @@ from hydra import compose, initialize_config_dir
 from kvbench import runner
 from kvbench.config import CONF_DIR
 from kvbench.results import read_records
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import Provenance  # noqa: E402
 
 POLICY_OVERRIDES = {
     "full": ["policy.kv_size=null"],  # the experiment's default kv_size is batch_max's
@@ -119,6 +123,7 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--report-only", action="store_true", help="no runs: table, plots and JSON from the records in --out")
     args, extra = ap.parse_known_args(argv)
+    prov = Provenance(None if argv is None else [sys.argv[0], *argv])
     if args.threads:
         import torch
 
@@ -156,7 +161,7 @@ def main(argv=None) -> None:
         }
         if full is not None and r is not full:
             line[r["policy"]]["tok_s_vs_full"] = round(s["output_tok_s"] / full["serve"]["output_tok_s"], 3)
-    print(json.dumps(line))
+    prov.emit(line, out / "serve_compare.jsonl")
 
 
 if __name__ == "__main__":

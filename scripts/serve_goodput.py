@@ -9,7 +9,8 @@ run is an ordinary record in `--out`/runs.jsonl (re-running resumes: recorded ru
 How to read the output: `--out`/goodput.md (one row per policy and rate: goodput, share meeting both
 objectives, TTFT and TPOT p90, output tok/s, preemptions, recomputed tokens, peak KV), `--out`/goodput.png
 (goodput against the arrival rate, one line per policy; beside it the peak KV and the preemptions), and
-ONE JSON line with the goodput per policy and rate. The engine's clock is the measured step time, so the
+ONE JSON line with the goodput per policy and rate, appended with its `provenance` (command, commit, start
+time, load average) to `--out`/goodput.jsonl. The engine's clock is the measured step time, so the
 figures depend on the machine's load: run it alone.
 
     python scripts/serve_goodput.py [--rates 0.25 0.5 1 2] [--policies full,window,batch_max,h2o] [--out results/serve/goodput]
@@ -18,7 +19,6 @@ figures depend on the machine's load: run it alone.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -29,6 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvbench import runner  # noqa: E402
 from kvbench.config import CONF_DIR  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import Provenance  # noqa: E402
 
 POLICY = {"full": [], "window": ["policy.kv_size=128", "policy.protect_first=4"],
           "batch_max": ["policy.kv_size=128"], "h2o": ["policy.kv_size=128"]}
@@ -58,6 +61,7 @@ def main() -> None:
     ap.add_argument("--data-dir", default=os.environ.get("DATA_DIR", "../shared/data"))
     ap.add_argument("--out", default="results/serve/goodput")
     args = ap.parse_args()
+    prov = Provenance()
     rows = []
     for policy in args.policies.split(","):
         for rate in args.rates:
@@ -72,8 +76,8 @@ def main() -> None:
     out = Path(args.out)
     table(rows, args, out / "goodput.md")
     plot(rows, out / "goodput.png", args)
-    print(json.dumps({"bench": "serve_goodput", "slo": {"ttft_s": args.slo_ttft, "tpot_s": args.slo_tpot},
-                      "rows": rows}), flush=True)
+    prov.emit({"bench": "serve_goodput", "slo": {"ttft_s": args.slo_ttft, "tpot_s": args.slo_tpot}, "rows": rows},
+              out / "goodput.jsonl")
 
 
 def table(rows, args, path: Path) -> None:
