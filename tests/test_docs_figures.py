@@ -14,6 +14,7 @@ How a check reads: `states(doc, phrase, ...)`: the phrase, whitespace-normalised
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from datetime import datetime, timedelta
 from functools import cache
@@ -142,6 +143,9 @@ def test_mini_reproduction_figures():
     states(doc, f"ED spends {e['prefill_s']:.0f} s of its {e['wall_s']:.0f} s on prefill, Batch-Max at kv=1024 "
                 f"{b['prefill_s']:.0f} s of {b['wall_s']:.0f} s, so +{e['wall_s'] / b['wall_s'] - 1:.0%}")
     states(doc, f"ED on CNN/DM took {e['wall_s']:.0f} s")
+    assert max(r.kv for r in nq.runs if r.method == "BM" and r.b == 24) == 576  # "24 at kv≤576 on the others"
+    assert all(r.b == 24 for t in (nq, gs) for r in t.runs if r.method == "BM" and r.kv <= 576)
+    states(doc, "fits 12 at kv=1024 on CNN/DM and 24 at kv≤576 on the others")
     gains = [float(ratio(nq, 448)), float(ratio(gs, 128))]
     states(doc, f"the gain is {min(gains):.1f}-{max(gains):.1f}x")
 
@@ -477,8 +481,8 @@ def test_crosscheck_table_and_prose():
     frac = lambda k: "{identical_rows}/{rows}".format(**rows[k])  # noqa: E731
     same_rule = [k for k in rows if k[0] != "none" and k[2] == 0.5 and " " not in k[1] and k[1] != "h2o"]
     assert all(rows[k]["identical_rows"] == rows[k]["rows"] == 16 for k in same_rule)
-    short = sorted(({int(i) for k in (("snapkv", "snapkv", 0.75), ("pyramidkv", "pyramidkv", 0.75))
-                     for i in rows[k]["diverged_rows"]}))
+    short = sorted({int(i) for k in (("snapkv", "snapkv", 0.75), ("pyramidkv", "pyramidkv", 0.75))
+                     for i in rows[k]["diverged_rows"]})
     budgets = [int(lens[i] * 0.25) for i in short]
     tova = rows[("tova", "tova", 0.75)]
     for doc in ("results/crosscheck/README.md", "docs/crosscheck.md"):
@@ -606,3 +610,44 @@ def test_baselines_readme_findings():
     states(doc, f"# {len(baselines()['passkey'][0].newest(allrecs))} runs -> runs.jsonl", "# 36 of them again")
     first = allrecs[:118]
     states(doc, f"# {len(first)} runs, about {sum(r['wall_s'] for r in first) / 60:.0f} min of run time on one core")
+
+
+# ------------------------------------------------------------------------------------ docs/tasks.md
+def test_tasks_md_prompt_lengths():
+    recs = lines("results/prompt_report/runs.jsonl")
+    for task in ("cnndm", "narrativeqa", "gsm8k"):
+        p = one(recs, task=task)["prompts"]
+        assert p["n"] == 960
+        states("docs/tasks.md", row(task, f"{p['tokens_mean']:g} / {p['tokens_median']:g} / {p['tokens_min']} / "
+                                          f"{p['tokens_max']}", p["n_cut"]))
+
+
+# ------------------------------------------------------------------------------ benchmark provenance
+BENCHMARKS = ("bench_eviction", "bench_overhead", "bench_serve", "bench_throughput", "plan_vs_paper", "max_batch_table",
+              "serve_goodput", "serve_compare")
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_every_benchmark_records_its_line_with_provenance(name):
+    src = (ROOT / "scripts" / f"{name}.py").read_text()
+    assert "Provenance(" in src and ".emit(" in src
+
+
+def test_provenance_line(tmp_path, monkeypatch):
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("provenance", ROOT / "scripts" / "provenance.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "scripts" / "bench_x.py"), "--n", "a b"])
+    out = tmp_path / "sub" / "x.jsonl"
+    mod.Provenance().emit({"ratio": 1.5}, out)
+    mod.Provenance().emit({"ratio": 1.6}, out)
+    a, b = lines(out)
+    p = a["provenance"]
+    assert (a["ratio"], b["ratio"]) == (1.5, 1.6)
+    assert p["command"] == "python scripts/bench_x.py --n 'a b'"
+    assert re.fullmatch(r"[0-9a-f]{40}", p["commit"] or "0" * 40) and p["cpus"] >= 1
+    assert datetime.fromisoformat(p["started_at"]).tzinfo is not None
+    assert isinstance(p["load_avg_1m_before"], float) and isinstance(p["load_avg_1m_after"], float)
