@@ -651,3 +651,35 @@ def test_provenance_line(tmp_path, monkeypatch):
     assert re.fullmatch(r"[0-9a-f]{40}", p["commit"] or "0" * 40) and p["cpus"] >= 1
     assert datetime.fromisoformat(p["started_at"]).tzinfo is not None
     assert isinstance(p["load_avg_1m_before"], float) and isinstance(p["load_avg_1m_after"], float)
+
+
+# ------------------------------------------------------------------------- the paper's figures, quoted
+def paper_rows() -> dict[str, dict[str, list]]:
+    """docs/method.md's published tables (the one place the paper's figures are typed): task -> cells."""
+    out, model = {}, None
+    for x in (ROOT / "docs" / "method.md").read_text().splitlines():
+        if "Llama-2-13b-chat on" in x or "Phi-3.5-mini-instruct on" in x:
+            model = "Llama" if "Llama" in x else "Phi"
+        m = re.fullmatch(r"\| (CNN/DM|NarrativeQA|GSM8K) \| (\d+), ([\d.]+) \(b=(\d+) OOM\) \| (\d+), ([\d.]+), ([\d.]+) \| (.*) \|", x)
+        if m:
+            bm = [[float(v) if "." in v else int(v) for v in run.split(", ")] for run in m[8].split("; ")]
+            out[model, m[1]] = {"ed": (int(m[2]), float(m[3]), int(m[4])), "fkv": (int(m[5]), m[6], float(m[7])), "bm": bm}
+    return out
+
+
+def test_paper_figures_quoted_elsewhere_match_method_md():
+    rows = paper_rows()
+    assert len(rows) == 6
+    for task in ("CNN/DM", "NarrativeQA", "GSM8K"):
+        p = rows["Llama", task]
+        (b, ed, b0), (fb, acc, ftps) = p["ed"], p["fkv"]
+        bm = [f"{x[0]}, {x[1]}, {x[2]:.3f}, {x[3]:.1f}" for x in p["bm"]]
+        states("results/mini/README.md", row("", "paper", f"{b}, 2, -, {ed:.1f} (b={b0} OOM)", f"{fb}, -, {acc}, {ftps:.1f}",
+                                             *bm, ", ".join(f"{x[3] / ed:.2f}" for x in p["bm"]), ""))
+    # results/plan/README.md's "paper b / b0" column
+    for setting, line in ((s, one(lines("results/plan/plan_vs_paper.jsonl"), setting=s)) for s in PLAN_NAMES):
+        model = "Llama" if "llama2" in setting else "Phi"
+        task = {"cnndm": "CNN/DM", "narrativeqa": "NarrativeQA", "gsm8k": "GSM8K"}[setting.rsplit("_", 1)[1]]
+        p = rows[model, task]
+        assert line["paper"]["ED"] == [p["ed"][0], p["ed"][2]] and line["paper"]["FKV"] == p["fkv"][0]
+        assert line["paper"]["BM"] == [[x[0], x[1]] for x in p["bm"]]
