@@ -249,6 +249,20 @@ def test_plan_vs_paper_table_is_its_record():
     states("results/plan/README.md", f"any reserve in ({lo}, {hi}] GiB", f"some term must be larger by more than {lo} GiB",
            f"(about {prov['wall_s']:.0f} s here, load average {prov['load_avg_1m_before']:.1f}",
            f"at commit {prov['commit'][:7]}")
+    by = {r["setting"]: r for r in recs}
+    sdpa_gain = [by[k]["sdpa"]["ED"][0] / by[k]["paper"]["ED"][0] for k in by]
+    ll, phi = by["paper_llama2_cnndm"], by["paper_phi35_cnndm"]
+    states("results/plan/README.md", f"ED would fit {min(sdpa_gain):.0f}-{max(sdpa_gain):.0f}x the paper's batch "
+           f"({ll['sdpa']['ED'][0]} instead of {ll['paper']['ED'][0]} on Llama-2, {phi['sdpa']['ED'][0]} instead of "
+           f"{phi['paper']['ED'][0]} on Phi-3.5)")
+    exact = sum(r["eager"]["ED"] == r["paper"]["ED"] for r in recs)
+    states("results/plan/README.md", f"ED's b and b0 exactly for {['no', 'one', 'two', 'three', 'four', 'five', 'six'][exact]} "
+                                     "of the six settings")
+    first = [(by[k]["eager"]["BM"][str(kv)][0], by[k]["eager, first block in chunks of p"]["BM"][str(kv)][0])
+             for k, kv in (("paper_llama2_cnndm", 1024), ("paper_llama2_narrativeqa", 1792), ("paper_phi35_cnndm", 2176))]
+    states("results/plan/README.md", "cap Batch-Max at {} (kv 1024), {} (kv 1792), {} (Phi-3.5, kv 2176)".format(*(a for a, _ in first)),
+           "multiplies Batch-Max's batch by {:.0f}-{:.0f} under eager ({}, {}, {})".format(
+               min(b / a for a, b in first), max(b / a for a, b in first), *(b for _, b in first)))
     # the b = 5 peak of ED on Llama-2 CNN/DM against the per-GPU memory, from the plan record
     plan = one(lines("results/plan/runs.jsonl"), experiment="paper_llama2_cnndm", config__plan__backends=["eager"],
                config__memory__reserve_gb=0.0, config__gen__prefill_chunk=4096)
