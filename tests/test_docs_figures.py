@@ -736,3 +736,16 @@ def test_benchmarks_md_figures():
     a = lines("results/bench_eviction_attention.jsonl")[-1]
     assert a["targets_met"]
     states(doc, f"(load average {a['load_avg_1m_before']:.0f}-{a['load_avg_1m_after']:.0f}, {a['new_tokens']} new tokens), met both")
+
+
+def test_benchmarks_md_sdpa_line():
+    e = eviction_line("sdpa")
+    p = e["provenance"]
+    states("docs/benchmarks.md", f"`{p['command']}`",
+           f"load average {p['load_avg_1m_before']:.1f} before and {p['load_avg_1m_after']:.1f} after",
+           f"Batch-Max spent {e['batch_max_scoring_s']:.2f} s computing and accumulating attention statistics and "
+           f"{e['batch_max_evict_s']:.2f} s in its {e['decode_evictions']} decode eviction, {e['overhead_share']:.1%} of its decode time",
+           f"Decode tokens/s: full {e['full_decode_tok_s']:.2f}, batch_max {e['batch_max_decode_tok_s']:.2f} ({e['speedup']:.2f}x full), "
+           f"window {e['window_decode_tok_s']:.2f}; Batch-Max's prefill {e['prefill_vs_window']:.2f}x window's",
+           f"the timers account for {e['overhead_share']:.1%} of Batch-Max's decode time, the difference to `window` is "
+           f"{e['overhead_share_vs_window']:.1%}")
