@@ -19,6 +19,12 @@ Backends (`gen.attention`):
 * `fused`: output and statistics from ONE set of probabilities per chunk of `score_chunk` queries
   (no second softmax); policies that need no statistics run SDPA (there is nothing to fuse).
 * `auto`: `fused` for scored policies on the CPU, else flash where it can run, else SDPA (`resolve`).
+
+Every backend honours the layer's attention kind (kvbench.models.family): a sliding window is the
+cache's band mask (flash: `window_size`); a layer with learned sinks (gpt-oss `s_aux`) or soft-capped
+logits (Gemma 2 `softcap`) runs the `eager` path under `eager` and the `fused` one otherwise (SDPA has
+neither; transformers itself runs those models eagerly), the sink's mass in every softmax's denominator,
+scores included. A layer whose window differs from its cache group's raises: never a silent difference.
 """
 
 from __future__ import annotations
@@ -43,14 +49,18 @@ def flash_available() -> bool:
     return torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
 
 
-def resolve(backend: str, *, device_type: str, dtype: torch.dtype, needs_attention: bool) -> str:
+def resolve(backend: str, *, device_type: str, dtype: torch.dtype, needs_attention: bool, manual: bool = False) -> str:
     """The backend a run really uses (what its record and the memory account name).
 
     auto: on the CPU, `fused` for a policy that needs statistics (measured faster than SDPA + the
     statistics pass: README, Benchmarks); otherwise flash-attn when installed, on CUDA, in half
     precision, else SDPA (on CUDA, fused vs SDPA + statistics is not measured yet, so SDPA stays).
     `fused` for a policy that needs no statistics is SDPA (there is nothing to fuse).
+    `manual`: the model's attention has sinks or soft-capping (no SDPA or flash kernel does both): `fused`
+    unless `eager` was asked for.
     """
+    if manual:
+        return "eager" if backend == "eager" else "fused"
     if backend == "auto":
         if needs_attention and device_type == "cpu":
             return "fused"
@@ -63,7 +73,11 @@ def resolve(backend: str, *, device_type: str, dtype: torch.dtype, needs_attenti
 
 def resolve_backend(backend: str, model, needs_attention: bool = False) -> str:
     """`resolve` for a loaded model."""
-    return resolve(backend, device_type=model.device.type, dtype=model.dtype, needs_attention=needs_attention)
+    from kvbench.models.family import kinds
+
+    k = kinds(model.config)
+    return resolve(backend, device_type=model.device.type, dtype=model.dtype, needs_attention=needs_attention,
+                   manual=k.sinks or k.softcap is not None)
 
 
 def _sdpa(query, key, value, step, scaling):
@@ -90,6 +104,7 @@ def _flash(query, key, value, step, scaling):
         cache_seqlens=step.seqlens,
         softmax_scale=scaling,
         causal=True,
+        window_size=(-1, -1) if step.window is None else (step.window - 1, 0),  # the slots are consecutive positions
     ).transpose(1, 2)  # (B, Hq, T, D)
     if not _state["flash_checked"]:
         ref = _sdpa(query, key, value, step, scaling)
@@ -188,7 +203,7 @@ def _stats_from_probs(p: torch.Tensor, step, kv_heads: int) -> tuple[torch.Tenso
     return w_sum.float(), w_last.float()
 
 
-def _eager(query, key, value, step, scaling, track: bool):
+def _eager(query, key, value, step, scaling, track: bool, sinks=None, softcap=None):
     """transformers' `eager_attention_forward` (models/llama/modeling_llama.py, 5.x) on kvbench's cache.
 
     query (B, Hq, T, D), key/value (B, H_kv, N, D). Returns the output (B, T, Hq, D) and, when `track`,
@@ -203,10 +218,17 @@ def _eager(query, key, value, step, scaling, track: bool):
     key_states = _repeat_kv(key, Hq // H)  # (B, Hq, N, D)
     value_states = _repeat_kv(value, Hq // H)
     w = torch.matmul(query, key_states.transpose(2, 3)) * scaling  # (B, Hq, T, N) model dtype
+    if softcap is not None:  # Gemma 2's eager_attention_forward
+        w = torch.tanh(w / softcap) * softcap
     keep = _keep_mask(step, T, N, query.device)
     if keep is not None:  # transformers adds a (B, 1, T, N) mask of 0 / dtype-min: the same values
         w = torch.where(keep, w, torch.finfo(w.dtype).min)
-    w = F.softmax(w, dim=-1, dtype=torch.float32).to(query.dtype)  # (B, Hq, T, N)
+    if sinks is not None:  # gpt-oss's eager_attention_forward: the sink as one more logit, softmax in the model dtype
+        w = torch.cat([w, sinks.reshape(1, -1, 1, 1).expand(B, -1, T, 1).to(w.dtype)], dim=-1)
+        w = w - w.max(dim=-1, keepdim=True).values
+        w = F.softmax(w, dim=-1, dtype=w.dtype)[..., :N].to(query.dtype)
+    else:
+        w = F.softmax(w, dim=-1, dtype=torch.float32).to(query.dtype)  # (B, Hq, T, N)
     out = torch.matmul(w, value_states)  # (B, Hq, T, D)
     del key_states, value_states
     stats = _stats_from_probs(w, step, H) if track else None
@@ -214,13 +236,15 @@ def _eager(query, key, value, step, scaling, track: bool):
     return out.transpose(1, 2).contiguous(), stats
 
 
-def _fused(query, key, value, step, scaling, chunk: int):
+def _fused(query, key, value, step, scaling, chunk: int, track: bool = True, sinks=None, softcap=None):
     """Output and statistics from one set of probabilities per chunk of `chunk` queries (no second pass).
 
     Like `attention_stats`, the G query heads of a KV group and the chunk's queries are folded into
     one (B, H_kv, G * tc, D) matrix (no copy of K or V per query head); logits in the model dtype,
     masked in place, softmax in float32 (float64 for float64 models), cast to the model dtype for the
-    product with V. Returns the output (B, T, Hq, D) and (w_sum, w_last).
+    product with V. Returns the output (B, T, Hq, D) and (w_sum, w_last) (None unless `track`).
+    `softcap`: tanh(logits / c) * c before the mask (Gemma 2); `sinks` (Hq,): one more logit per query head in
+    every softmax, dropped after it (gpt-oss): its mass stays in the denominator of the weights and statistics.
     """
     B, Hq, T, D = query.shape
     H, N = key.shape[1], key.shape[2]
@@ -229,8 +253,9 @@ def _fused(query, key, value, step, scaling, chunk: int):
     kt = key.transpose(-1, -2)  # (B, H, D, N), a view
     out = torch.empty(B, T, Hq, D, dtype=query.dtype, device=query.device)  # what the layer wants
     keep = _keep_mask(step, T, N, query.device)
-    w_sum = torch.zeros(B, H, N, dtype=acc, device=query.device)
+    w_sum = torch.zeros(B, H, N, dtype=acc, device=query.device) if track else None
     w_last = None
+    sink = None if sinks is None else sinks.to(acc).view(1, H, G, 1, 1)
     for t0 in range(0, T, chunk):
         t1 = min(T, t0 + chunk)
         tc = t1 - t0
@@ -239,22 +264,33 @@ def _fused(query, key, value, step, scaling, chunk: int):
         del q
         if s.dtype != acc:
             s = s.to(acc)
+        if softcap is not None:
+            s = torch.tanh(s / softcap) * softcap
         if keep is not None:
             s.view(B, H, G, tc, N).masked_fill_(~keep[:, :, None, t0:t1], float("-inf"))
-        p = torch.softmax(s, dim=-1)  # slot 0 is never masked, so no row is empty
+        if sink is None:
+            p = torch.softmax(s, dim=-1)  # slot 0 is never masked, so no row is empty
+        else:  # (B, H, G*tc, N + 1): the sink's logit last, dropped after the softmax
+            s = torch.cat([s, sink.expand(B, H, G, tc, 1).reshape(B, H, G * tc, 1)], dim=-1)
+            p = torch.softmax(s, dim=-1)[..., :N]
         del s
         pv = p if p.dtype == value.dtype else p.to(value.dtype)
         o = torch.matmul(pv, value)  # (B, H, G*tc, D)
         del pv
         out[:, t0:t1] = o.view(B, Hq, tc, D).transpose(1, 2)
         del o
-        p5 = p.view(B, H, G, tc, N)
+        if not track:
+            del p
+            continue
+        p5 = p.reshape(B, H, G, tc, N)
         if t1 == T and T > 1:
             w_last = p5[:, :, :, -1].mean(dim=2)  # (B, H, N): the newest query's row, group mean
         if not step.all_real:
             p5.masked_fill_(~step.real[:, None, None, t0:t1, None], 0.0)  # pad queries give no weight
         w_sum += p5.sum(dim=3).mean(dim=2)
         del p, p5
+    if not track:
+        return out, None
     if w_last is None:  # one query: its row is the sum
         w_last = w_sum
     return out, (w_sum.float(), w_last.float())
@@ -266,13 +302,21 @@ def kvbench_attention(module, query, key, value, attention_mask, scaling=None, d
     if cache is None:  # called outside kvbench's engine: behave like SDPA
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     step = cache.step_for(module.layer_idx)  # its group's write plan and mask (groups differ with per-layer budgets)
-    backend, track = _state["backend"], cache.track_attention
-    if cache.query_window:  # a policy scoring with the newest queries (SnapKV's observation window)
+    w = kwargs.get("sliding_window")
+    if w != step.window and not (step.window is None and w is not None and int(cache.seen.max()) <= w):
+        # the model's own kind of attention against the cache's (a window longer than every sequence cuts nothing)
+        raise RuntimeError(f"layer {module.layer_idx} attends with sliding_window={w}, kvbench's cache was built "
+                           f"for {step.window} (kvbench.models.family)")
+    sinks, softcap = kwargs.get("s_aux"), kwargs.get("softcap")
+    backend, track = _state["backend"], cache.track_attention and cache.tracks(module.layer_idx)
+    if (sinks is not None or softcap is not None) and backend not in ("eager", "fused"):
+        raise RuntimeError(f"layer {module.layer_idx} has attention sinks or soft-capping: backend {backend} cannot run it")
+    if cache.query_window and cache.remembers(module.layer_idx):  # the newest queries (SnapKV's observation window)
         cache.remember_queries(module.layer_idx, query, scaling)
     if backend == "eager":  # output and statistics from one set of probabilities: no separate statistics time
-        out, stats = _eager(query, key, value, step, scaling, track)
-    elif backend == "fused" and track:
-        out, stats = _fused(query, key, value, step, scaling, _state["score_chunk"])
+        out, stats = _eager(query, key, value, step, scaling, track, sinks, softcap)
+    elif backend == "fused" and (track or sinks is not None or softcap is not None):
+        out, stats = _fused(query, key, value, step, scaling, _state["score_chunk"], track, sinks, softcap)
     else:
         out = (_flash if backend == "flash" else _sdpa)(query, key, value, step, scaling)  # (B, Hq, T, D)
         out = out.transpose(1, 2).contiguous()

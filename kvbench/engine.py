@@ -30,7 +30,8 @@ from tqdm.auto import tqdm
 
 from kvbench import memory
 from kvbench.attention import SCORE_CHUNK, kv_attention, resolve_backend
-from kvbench.cache import KVCache
+from kvbench.cache import KVCache, layer_capacities
+from kvbench.models import family
 from kvbench.models.compat import cache_kwarg
 from kvbench.models.geometry import model_geometry, rope_inv_freq
 from kvbench.policies.base import Policy
@@ -80,16 +81,23 @@ def _sync(device: torch.device) -> None:
 class _Batch:
     """One batch's tensors: right-padded prompts, the cache, the generated tokens."""
 
-    def __init__(self, model, ids: list[list[int]], policy: Policy, max_new_tokens: int, pad_id: int, geometry):
+    def __init__(self, model, ids: list[list[int]], policy: Policy, max_new_tokens: int, pad_id: int, geometry,
+                 prefill_chunk: int | None = None):
         self.lengths = [len(x) for x in ids]
         B, s = len(ids), max(self.lengths)
         self.prompts = torch.full((B, s), pad_id, dtype=torch.long)
         for b, x in enumerate(ids):
             self.prompts[b, : len(x)] = torch.tensor(x, dtype=torch.long)
-        self.budgets = policy.budgets(self.lengths, len(geometry["layer_devices"]))  # (L, B) or None
+        windows = family.effective_windows(geometry["windows"], s + max_new_tokens)  # a window never cut: full
+        self.budgets = policy.budgets(self.lengths, len(windows))  # (L, B) or None
+        # what the policy compresses: the full-attention layers (windowed ones keep their window)
+        self.full_budgets = None if self.budgets is None else self.budgets[[w is None for w in windows]]
+        self.plan = prefill_plan(self.lengths, policy, prefill_chunk, self.full_budgets)
+        widest = max(int(r.max()) for r in self.plan)
         self.cache = KVCache(
             batch_size=B,
-            capacity=policy.capacities(self.lengths, max_new_tokens, self.budgets),
+            capacity=layer_capacities(policy.capacities(self.lengths, max_new_tokens, self.budgets), windows,
+                                      self.lengths, max_new_tokens, widest),
             budgets=self.budgets,
             track_attention=policy.needs_attention,
             query_window=policy.query_window,
@@ -110,10 +118,13 @@ class _Batch:
 
 def _evict_if_needed(cache: KVCache, r: torch.Tensor, policy: Policy, prefill: bool, observer,
                      first_decode: bool = False, max_new_tokens: int = 0) -> None:
-    """Evict, group by group of layers (one group unless budgets differ by layer), the rows that need it."""
+    """Evict, group by group of layers (one group unless budgets differ by layer), the rows that need it;
+    windowed layers only keep their window (`KVCache.trim_windows`), whatever the policy."""
+    cache.trim_windows(r)
     if not policy.evicts:
         return
-    plan = [(g, rows_to_evict(g.n, r, policy, prefill, g.budget, first_decode)) for g in cache.groups]
+    plan = [(g, rows_to_evict(g.n, r, policy, prefill, g.budget, first_decode)) for g in cache.groups
+            if g.sliding is None]
     plan = [(g, rows) for g, rows in plan if rows is not None]
     if not plan:
         return
@@ -147,7 +158,7 @@ def generate_batch(
     `decode_steps`: stop after this many decode steps (a probe); the cache is sized for max_new_tokens.
     """
     geometry = geometry or model_geometry(model)
-    batch = _Batch(model, ids, policy, max_new_tokens, pad_token_id, geometry)
+    batch = _Batch(model, ids, policy, max_new_tokens, pad_token_id, geometry, prefill_chunk)
     try:
         return _run_batch(model, batch, policy, max_new_tokens, eos_token_ids, pad_token_id, ignore_eos,
                           prefill_chunk, observer, decode_steps)
@@ -180,7 +191,7 @@ def _run_batch(model, batch: _Batch, policy: Policy, max_new_tokens, eos_token_i
 
     _sync(dev_in)
     t0 = time.perf_counter()
-    plan = prefill_plan(batch.lengths, policy, prefill_chunk, batch.budgets)
+    plan = batch.plan
     for k, r in enumerate(plan):
         _evict_if_needed(cache, r, policy, True, observer)
         width = int(r.max())
@@ -230,7 +241,7 @@ def _run_batch(model, batch: _Batch, policy: Policy, max_new_tokens, eos_token_i
         generated_tokens=generated,
         peak_kv_bytes=cache.peak_kv_bytes,
         kv_allocated_bytes=allocated,
-        budgets=batch.budgets,  # (L, B) the budgets the cache held, None for the full cache
+        budgets=batch.full_budgets,  # (L_full, B) the budgets the compressed layers held, None for the full cache
     )
     return result, stats
 
@@ -272,6 +283,8 @@ def generate(
         ids = [list(p) for p in prompts]
     if any(len(x) == 0 for x in ids):
         raise ValueError("empty prompt")
+    family.check_policy(model.config, policy, max(map(len, ids)) + max_new_tokens)  # a refused family or an
+    # unsuitable policy: ConfigError
     if eos_token_ids is None:
         eos_token_ids = eos_ids(model, tokenizer)
     pad = pad_id(model, tokenizer)

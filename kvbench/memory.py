@@ -66,8 +66,9 @@ from dataclasses import dataclass
 import torch
 
 from kvbench.attention import BACKENDS, resolve
-from kvbench.cache import KVCache, layout
+from kvbench.cache import KVCache, layer_capacities, layout
 from kvbench.errors import ConfigError, OutOfMemory
+from kvbench.models.family import effective_windows, kinds
 from kvbench.schedule import prefill_plan, rows_to_evict
 
 GiB = 2**30
@@ -95,6 +96,7 @@ class ModelShape:
     fused_qkv: bool  # Phi-3: q, k, v are views of one projection, alive through the attention
     weights: dict[str, int]  # bytes per device
     layers: dict[str, int]  # decoder layers per device
+    windows: tuple = ()  # per decoder layer: its sliding window W, None for full attention (() : none windowed)
 
     @property
     def elem(self) -> int:
@@ -103,6 +105,7 @@ class ModelShape:
     @classmethod
     def of(cls, model) -> ModelShape:
         cfg = model.config
+        k = kinds(cfg)  # the family's adapter: heads, head size, windows (a refused family raises ConfigError)
         decoder_layers = model.get_decoder().layers
         weights: dict[str, int] = {}
         for t in [*model.parameters(), *model.buffers()]:  # tied weights are yielded once
@@ -115,14 +118,15 @@ class ModelShape:
             hidden=cfg.hidden_size,
             intermediate=cfg.intermediate_size,
             vocab=cfg.vocab_size,
-            q_heads=cfg.num_attention_heads,
-            kv_heads=getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads,
-            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+            q_heads=k.q_heads,
+            kv_heads=k.kv_heads,
+            head_dim=k.head_dim,
             dtype=model.dtype,
             mlp_buffers=4 if hasattr(decoder_layers[0].mlp, "gate_up_proj") else 3,
             fused_qkv=hasattr(decoder_layers[0].self_attn, "qkv_proj"),
             weights=weights,
             layers=layers,
+            windows=k.windows,
         )
 
 
@@ -230,29 +234,41 @@ def _evict_bytes(s: ModelShape, L: int, B: int, N: int, rows: int, keep: int, po
     return pairs * copies + keys + max(pairs * EVICT_BYTES + gather, pairs * 4 + own)
 
 
-def _cache_bytes(s: ModelShape, B: int, L: int, slots: int, policy) -> int:
+def _trim_bytes(s: ModelShape, L: int, rows: int, keep: int) -> int:
+    """Transient bytes of a windowed group's trim (`evict.keep_newest`): the newest `keep` slots of the rows,
+    copied out `gather_layers` layers at a time (K, V) and for every layer at once (positions)."""
+    return min(GATHER_LAYERS, L) * rows * s.kv_heads * keep * s.head_dim * s.elem + L * rows * s.kv_heads * keep * 4
+
+
+def _cache_bytes(s: ModelShape, B: int, L: int, slots: int, policy, window: int | None = None) -> int:
     return KVCache.nbytes_for(
         batch_size=B, num_layers=L, num_kv_heads=s.kv_heads, head_dim=s.head_dim, capacity=slots, dtype=s.dtype,
         track_attention=policy.needs_attention, num_q_heads=s.q_heads, query_window=policy.query_window,
-        rerotate=policy.rerotate and policy.evicts,
+        rerotate=policy.rerotate and policy.evicts, window=window,
     )
 
 
-def _walk(lengths: list[int], policy, max_new_tokens: int, prefill_chunk: int | None, groups: list[tuple]):
+def _walk(lengths: list[int], policy, max_new_tokens: int, prefill_chunk: int | None, groups: list[tuple],
+          full_budgets: torch.Tensor | None):
     """Replay the engine's schedule on counts only (EOS ignored: the worst case), group by group of layers.
 
-    groups: `kvbench.cache.layout`'s list. Returns the forwards {(width T, each group's keys N, makes logits)}
+    groups: `kvbench.cache.layout`'s list; full_budgets: the (L_full, B) budgets of the compressed layers. Returns the forwards {(width T, each group's keys N, makes logits)}
     and the evictions {(group index, keys N, rows, most kept)}.
     """
     B = len(lengths)
-    budgets = [row for _, _, _, row in groups]
-    plan = prefill_plan(lengths, policy, prefill_chunk, torch.stack(budgets) if policy.evicts else None)
+    plan = prefill_plan(lengths, policy, prefill_chunk, full_budgets)
     one = torch.ones(B, dtype=torch.long)
     steps = [(r, True, k == len(plan) - 1) for k, r in enumerate(plan)] + [(one, False, True)] * (max_new_tokens - 1)
     ns = [torch.zeros(B, dtype=torch.long) for _ in groups]  # pairs held per sample, per group
     forwards, evictions = set(), set()
     for i, (r, prefill, logits) in enumerate(steps):
-        for gi, budget in enumerate(budgets):
+        for gi, (_, _, cap, budget, window) in enumerate(groups):
+            if window is not None:  # KVCache.trim_windows: keep the newest W - 1 pairs by slicing
+                rows = (ns[gi] + r > cap) & (r > 0)
+                if bool(rows.any()):
+                    evictions.add((gi, int(ns[gi][rows].max()), int(rows.sum()), window - 1))
+                    ns[gi] = torch.where(rows, window - 1, ns[gi])
+                continue
             rows = rows_to_evict(ns[gi], r, policy, prefill, budget, first_decode=i == len(plan))
             if rows is not None:
                 keep = policy.keep(budget)
@@ -283,12 +299,17 @@ def account(
         raise ValueError(f"attention must be one of {', '.join(BACKENDS)}: {attention!r}")
     B, longest = len(lengths), max(lengths)
     layer_devices = [dev for dev, L in s.layers.items() for _ in range(L)]
+    windows = effective_windows(list(s.windows) or [None] * len(layer_devices), longest + max_new_tokens)
     budgets = policy.budgets(lengths, len(layer_devices))  # (L, B) or None
-    groups = layout(layer_devices, policy.capacities(lengths, max_new_tokens, budgets), budgets)
+    full_budgets = None if budgets is None else budgets[[w is None for w in windows]]
+    widest = max(int(r.max()) for r in prefill_plan(lengths, policy, prefill_chunk, full_budgets))
+    caps = layer_capacities(policy.capacities(lengths, max_new_tokens, budgets), windows, lengths, max_new_tokens,
+                            widest)
+    groups = layout(layer_devices, caps, budgets, windows)
     if budgets is None:  # the full cache: one row of "never" budgets
-        groups = [(d, ls, c, torch.full((B,), c, dtype=torch.long)) for d, ls, c, _ in groups]
+        groups = [(d, ls, c, torch.full((B,), c, dtype=torch.long), w) for d, ls, c, _, w in groups]
     scored = policy.needs_attention
-    forwards, evictions = _walk(lengths, policy, max_new_tokens, prefill_chunk, groups)
+    forwards, evictions = _walk(lengths, policy, max_new_tokens, prefill_chunk, groups, full_budgets)
     devices = {}
     for dev in s.layers:
         mine = [gi for gi, g in enumerate(groups) if str(g[0]) == dev]
@@ -298,14 +319,17 @@ def account(
                            backend, mask_keys=sum(keys[gi] for gi in mine))
             for T, keys, logits in forwards
         ]
-        transients += [_evict_bytes(s, len(groups[gi][1]), B, N, rows, keep, policy) + B * longest * 8
+        transients += [(_evict_bytes(s, len(groups[gi][1]), B, N, rows, keep, policy) if groups[gi][4] is None
+                        else _trim_bytes(s, len(groups[gi][1]), rows, keep)) + B * longest * 8
                        for gi, N, rows, keep in evictions if gi in mine]  # + the padded prompts (int64), alive throughout
         for gi in mine:  # a compressed prompt: the smaller copy of a resize, built while the prompt-sized one lives
-            _, layers, cap, row = groups[gi]
+            _, layers, cap, row, window = groups[gi]
+            if window is not None:
+                continue
             need = policy.decode_capacity(int(row.max()), max_new_tokens)
             if policy.evicts and cap > need and any(e[0] == gi for e in evictions):
                 transients.append(_cache_bytes(s, B, len(layers), need, policy))
-        kv = sum(_cache_bytes(s, B, len(groups[gi][1]), groups[gi][2], policy) for gi in mine)
+        kv = sum(_cache_bytes(s, B, len(groups[gi][1]), groups[gi][2], policy, groups[gi][4]) for gi in mine)
         devices[dev] = Footprint(weights=s.weights.get(dev, 0), kv_cache=kv, transient=max(transients))
     for dev, w in s.weights.items():  # devices with weights but no decoder layer (e.g. the lm_head's)
         devices.setdefault(dev, Footprint(weights=w, kv_cache=0, transient=0))

@@ -220,6 +220,22 @@ def trial(shape: memory.ModelShape, node: Node, lengths: list[int], policy, back
     return run
 
 
+def window_credit(shape: memory.ModelShape, lengths: list[int], cfg: DictConfig) -> dict:
+    """The model's attention kinds and the full cache of one longest sample, as allocated (windowed layers hold
+    their window only) and as it would be with every window removed: the credit windows give."""
+    from kvbench.policies import Full
+
+    def kv(s):
+        acc = memory.account(s, [max(lengths)], Full(), max_new_tokens=cfg.gen.max_new_tokens,
+                             prefill_chunk=cfg.gen.prefill_chunk)
+        return sum(f.kv_cache for f in acc.devices.values())
+
+    windows = [w for w in shape.windows if w is not None]
+    return {"attention_kinds": f"{len(windows)} of {len(shape.windows)} layers windowed (W={sorted(set(windows))})"
+            if windows else "full attention in every layer",
+            "kv_bytes_one_sample": kv(shape), "kv_bytes_one_sample_without_windows": kv(replace(shape, windows=()))}
+
+
 def prepare(cfg: DictConfig):
     """(node, spec, meta model, placed ModelShape, prompt lengths, their source) of a checked config."""
     node = node_of(cfg)
@@ -246,6 +262,10 @@ def plan(cfg: DictConfig) -> dict:
     validate(cfg)
     check(cfg)
     node, spec, model, shape, lengths, source = prepare(cfg)
+    from kvbench.models.family import check_policy
+
+    for _, policy in plan_policies(cfg):  # a policy with nothing to compress (every layer windowed) is refused
+        check_policy(spec.config, policy, max(lengths) + cfg.gen.max_new_tokens)
     candidates = search_candidates(cfg)
     rows = []
     for backend in cfg.plan.backends:
@@ -259,6 +279,7 @@ def plan(cfg: DictConfig) -> dict:
                 "trials": [t.__dict__ for t in found.trials],
             })
     n_params = sum(p.numel() for p in model.parameters())
+    kv = window_credit(shape, lengths, cfg)
     started = dt.datetime.now(dt.timezone.utc)
     chash = config_hash(cfg)
     from kvbench.runner import git_sha
@@ -283,7 +304,7 @@ def plan(cfg: DictConfig) -> dict:
             "node": {"budget_bytes": node.budget, "usable_bytes": node.usable, "reserve_gb": cfg.memory.reserve_gb,
                      "max_memory": node.max_memory},
             "model": {"dtype": str(spec.dtype).removeprefix("torch."), "parameters": n_params,
-                      "weights_bytes": shape.weights, "layers": shape.layers},
+                      "weights_bytes": shape.weights, "layers": shape.layers, **kv},
             "prompts": {"source": source, "tokens_max": max(lengths), "tokens_min": min(lengths), "n": len(lengths)},
             "candidates": candidates,
             "rows": rows,
@@ -303,7 +324,9 @@ def table(record: dict) -> str:
     lines = [
         f"kvbench-plan: {record['model']} ({p['model']['dtype']}, {p['model']['parameters'] / 1e9:.2f}B parameters)"
         f" on {record['device']}, reserve {p['node']['reserve_gb']:g} GiB per device",
-        f"  layers {layers}; weights {weights} GiB",
+        f"  layers {layers}; weights {weights} GiB; {p['model']['attention_kinds']}",
+        f"  full KV cache of one longest sample: {p['model']['kv_bytes_one_sample'] / 2**20:.1f} MiB"
+        f" ({p['model']['kv_bytes_one_sample_without_windows'] / 2**20:.1f} MiB if no layer had a window)",
         f"  {record['task']}: prompts {p['prompts']['tokens_min']}-{p['prompts']['tokens_max']} tokens"
         f" ({p['prompts']['source']}), {record['max_new_tokens']} new tokens; batch sizes from {len(p['candidates'])}"
         " candidates",

@@ -4,6 +4,9 @@
 
 - the model's files can be had: the default model's package is installed, a Hub model is in the local
   cache or the Hub answers within seconds (no retries: one line saying how to get it);
+- the model's family is one kvbench runs exactly (kvbench.models.family, read from its config alone), and
+  the run suits its attention: serve mode needs full attention without sinks or soft-capping, an evicting
+  policy needs a full-attention layer to compress, re-rotation needs no windowed layer;
 - the prompts: the task's samples rendered with the model's tokenizer alone (no weights), so a task limit
   that cannot be met (`task.max_input_tokens` below a prompt's fixed part) stops here, not after loading;
 - mode=serve: a pool (`serve.num_blocks`) that can hold each request alone under the policy and schedule
@@ -34,9 +37,11 @@ def check_run(cfg: DictConfig) -> list[int] | None:
     from kvbench.models import check_loadable
 
     check_loadable(cfg)
+    check_family(cfg)
     check_rope(cfg)
     lengths = prompt_lengths(cfg)
     if lengths is not None:
+        check_family(cfg, max(lengths, default=0) + cfg.gen.max_new_tokens)
         check_pool(cfg, lengths)
     check_results_dir(cfg.results_dir)
     return lengths
@@ -69,20 +74,51 @@ def prompt_lengths(cfg: DictConfig) -> list[int] | None:
     return _lengths[key]
 
 
+_configs: dict[str, object] = {}
+
+
+def model_config(cfg: DictConfig):
+    """The model's transformers config from its loader's weight-free twin (cached per model config), or None
+    for a loader kvbench does not know."""
+    from hydra.utils import get_method
+
+    from kvbench.models import SPECS
+
+    args = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if k != "_target_"}
+    key = json.dumps([cfg.model.get("_target_"), {k: v for k, v in args.items() if k not in NOT_TOKENIZER}],
+                     sort_keys=True, default=str)
+    if key not in _configs:
+        loader = get_method(cfg.model._target_)
+        _configs[key] = SPECS[loader](**{**args, "device": "cpu"}).config if loader in SPECS else None
+    return _configs[key]
+
+
+def check_family(cfg: DictConfig, seq_len: int | None = None) -> None:
+    """The model's family runs exactly, and this run (sequences of at most `seq_len` tokens, None: any windowed
+    layer counts) suits its attention (module docstring)."""
+    config = model_config(cfg)
+    if config is None:
+        return
+    from kvbench.models.family import check_policy, kinds
+
+    k = kinds(config)  # ConfigError naming the family when kvbench refuses it
+    if cfg.mode == "serve" and not k.plain:
+        raise ConfigError("mode", f"serve mode runs full attention only; model family {k.family!r} has "
+                          f"{k.describe()} (run it with mode=run)", cfg.mode)
+    if cfg.mode != "serve_limits" and seq_len is not None:
+        check_policy(config, build_policy(cfg), seq_len)
+
+
 def check_rope(cfg: DictConfig) -> None:
     """policy.rerotate=true needs plain RoPE (read from the model's config, without its weights)."""
     policy = build_policy(cfg)
     if not (policy.rerotate and policy.evicts):
         return
-    from hydra.utils import get_method
+    from kvbench.models.family import rope_problem
 
-    from kvbench.models import SPECS
-    from kvbench.models.geometry import rope_problem
-
-    loader = get_method(cfg.model._target_)
-    if loader in SPECS:
-        args = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if k != "_target_"}
-        why = rope_problem(SPECS[loader](**{**args, "device": "cpu"}).config)
+    config = model_config(cfg)
+    if config is not None:
+        why = rope_problem(config)
         if why:
             raise ConfigError("policy.rerotate", f"needs plain RoPE: {why} (model={cfg.model.name})", True)
 

@@ -41,7 +41,7 @@ from kvbench.attention import resolve_backend
 from kvbench.config import SERVE_MODES, build_policy, build_task, config_hash, validate
 from kvbench.errors import ConfigError, OutOfMemory
 from kvbench.memory import is_oom
-from kvbench.models import weights_format
+from kvbench.models import family, weights_format
 from kvbench.models.base import LoadedModel, resolve_device
 from kvbench.scoring import predictions, prompt_stats, score_rows
 from kvbench.serve import run as serve_run
@@ -147,6 +147,8 @@ def new_record(cfg: DictConfig, policy, task) -> dict:
         "accounted_mem_bytes_per_device": None,
         "search": None,
         "attention": None,  # the attention backend really used (kvbench.attention.resolve), once the model is loaded
+        "model_family": None,  # the model's family and attention kinds (kvbench.models.family), once it is loaded
+        "compressed_layers": None,  # the decoder layers the policy compressed (windowed layers keep their window)
         "extensions": [],
         "notes": [],
         "logger": None,
@@ -384,10 +386,19 @@ def run(cfg: DictConfig, lm: LoadedModel | None = None) -> dict:
         if cfg.mode not in NO_MODEL:
             torch.manual_seed(cfg.seed)
             lm = load_within(cfg, budget, lm)
-            gqa = lm.model.config.num_attention_heads != getattr(lm.model.config, "num_key_value_heads", None)
-            record["extensions"] = policy.describe(gqa=gqa, paged=serve_mode)["extensions"]
+            kinds = family.check_policy(lm.model.config, policy)
+            record["model_family"] = f"{kinds.family}: {kinds.describe()}"
+            record["extensions"] = policy.describe(gqa=kinds.gqa, paged=serve_mode)["extensions"]
+
             samples = task.samples(lm.tokenizer)
             ids = [task.encode(lm.tokenizer, s.prompt) for s in samples]
+            windows = kinds.windows_for(max(map(len, ids), default=0) + cfg.gen.max_new_tokens)
+            record["compressed_layers"] = [i for i, w in enumerate(windows) if w is None] if policy.evicts else []
+            if policy.evicts and any(w is not None for w in windows):
+                record["extensions"].append(
+                    f"windowed layers {[i for i, w in enumerate(windows) if w is not None]} keep their sliding window "
+                    f"as the model was trained; the policy compresses the {len(record['compressed_layers'])} "
+                    "full-attention layers only")
             record["prompts"] = prompt_stats(samples, ids)
             if prompts is not None and [len(x) for x in ids] != prompts:  # the preflight's tokenizer is the model's
                 record["notes"].append("the preflight's prompt lengths differ from the loaded tokenizer's")

@@ -5,7 +5,8 @@ eviction is vectorised over layers, heads and samples. Every KV head of a layer 
 same count n_b (heads keep *different* positions), so the attention mask depends only on the sample and
 broadcasts over heads (SDPA with GQA stays usable). With one budget everywhere (every policy but
 PyramidKV) that is one group per device; with per-layer budgets each layer is its own group with its
-own capacity (its memory is its own budget's). Pad tokens are never stored: a forward writes only each
+own capacity (its memory is its own budget's). Sliding-window layers form their own groups, which hold
+only their window and are never compressed by a policy. Pad tokens are never stored: a forward writes only each
 sample's real tokens.
 
 The rooms, one idea each:
@@ -19,6 +20,6 @@ The rooms, one idea each:
 
 from kvbench.cache.kvcache import KVCache
 from kvbench.cache.plan import Step
-from kvbench.cache.storage import Group, layout
+from kvbench.cache.storage import Group, layer_capacities, layout
 
-__all__ = ["KVCache", "Group", "Step", "layout"]
+__all__ = ["KVCache", "Group", "Step", "layer_capacities", "layout"]

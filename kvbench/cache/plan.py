@@ -5,7 +5,9 @@ their left: `right_aligned`). `plan_forward` computes, on the CPU and once for a
 group, where each real token is written (slots n_b .. n_b + r_b - 1; pads go to the scratch slot C),
 and the mask: query i of sample b sees slot c iff c <= n_before_b + j_i (j_i its index among the
 sample's new tokens; causal inside the chunk, every kept pair before it), slot 0 always, so a pad row
-is never empty (pad rows are discarded). `step` then moves a group's plan to its device as a `Step`,
+is never empty (pad rows are discarded). In a windowed group (W) the slots hold consecutive positions,
+so the window is a band on slots: query i also needs c > n_before_b + j_i - W (its own token and the
+W - 1 before it, transformers' `sliding_window_overlay`). `step` then moves a group's plan to its device as a `Step`,
 the object attention and writes read. The serving engine lays out its packed forwards the same way
 (`kvbench.serve.pool.Layout` uses `right_aligned`).
 """
@@ -32,6 +34,7 @@ class Step:
     n_keys: int  # N = max count after the write
     seqlens: torch.Tensor  # (B,) int32 count per sample after the write (flash-attn's cache_seqlens)
     q_src: torch.Tensor | None = None  # (B, W) source of each kept query in cat(kept queries, chunk)
+    window: int | None = None  # the group's sliding window (the mask is a band; flash gets window_size)
 
 
 def right_aligned(r: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,12 +65,17 @@ def plan_forward(groups, seen: torch.Tensor, r: torch.Tensor, width: int) -> tup
         uniform = bool((n_new == n_keys).all())
         causal = bool((n_old == 0).all() and (r == T).all()) and T > 1
         need_mask = not (causal or (T == 1 and uniform))
+        band = g.sliding is not None and n_keys > g.sliding  # some query has a key outside its window
+        if band:
+            need_mask, causal = True, False
         per_group.append(dict(
             slot=torch.where(real, n_old[:, None] + j, torch.full_like(j, g.capacity)),
             thresh=(n_new - T) if need_mask else None,  # slot c visible to chunk row i iff c - i <= thresh
             causal=causal,
             n_keys=n_keys,
             seqlens=n_new.to(torch.int32),
+            window=g.sliding if band else None,
+            flash_window=g.sliding,
         ))
         g.n = n_new
     return shared, per_group
@@ -80,8 +88,13 @@ def step(shared: dict, mine: dict, device: torch.device) -> Step:
         q = torch.arange(shared["T"], device=device)
         k = torch.arange(mine["n_keys"], device=device)
         thresh = mine["thresh"].to(device)
-        mask = (k[None, None, :] - q[None, :, None]) <= thresh[:, None, None]  # (B, T, N)
-        mask[:, :, 0] = True
+        d = k[None, None, :] - q[None, :, None] - thresh[:, None, None]  # (B, T, N): c - i - thresh
+        mask = d <= 0
+        if mine["window"] is not None:  # the band: q_pos - k_pos < W
+            mask &= d > -mine["window"]
+            mask[:, :, 0] |= ~shared["real"].to(device)  # pad rows see slot 0 (never empty; discarded)
+        else:
+            mask[:, :, 0] = True
         mask = mask[:, None]  # (B, 1, T, N)
     return Step(
         b_idx=shared["b_idx"].to(device),
@@ -95,4 +108,5 @@ def step(shared: dict, mine: dict, device: torch.device) -> Step:
         n_keys=mine["n_keys"],
         seqlens=mine["seqlens"].to(device),
         q_src=shared["q_src"].to(device) if "q_src" in shared else None,
+        window=mine["flash_window"],
     )

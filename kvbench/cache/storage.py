@@ -12,7 +12,10 @@ Per group (consecutive layers on one device that share a capacity and a budget r
                                               position it was written at (int32)
 
 `n` (B,) on the CPU counts the pairs each sample holds in every layer of the group: scheduling
-decisions never sync the device. Memory changes only through `resize` (decode_only gives the prompt's
+decisions never sync the device. A group of sliding-window layers (`sliding` W, kvbench.models.family)
+holds only its window plus the chunk being written, as transformers' sliding cache does: capacity
+W - 1 + the widest forward (`layer_capacities`), trimmed to its newest W - 1 pairs before a forward that
+would overflow it (so its slots always hold consecutive positions); no policy evicts from it. Memory changes only through `resize` (decode_only gives the prompt's
 slots back once it has compressed).
 """
 
@@ -29,9 +32,10 @@ class Group:
     """
 
     def __init__(self, layers, batch, heads, capacity, head_dim, dtype, device, track, q_heads=0, window=0,
-                 budget=None, rerotate=False, index=0):
+                 budget=None, rerotate=False, index=0, sliding: int | None = None):
         self.layers = list(layers)
         self.index = index
+        self.sliding = sliding  # the layers' sliding window W (None: full attention, the policy's to compress)
         self.device = torch.device(device)
         self.capacity = capacity
         self.budget = budget
@@ -102,20 +106,33 @@ class Group:
         self.capacity = capacity
 
 
-def layout(layer_devices, capacities: list[int], budgets: torch.Tensor | None) -> list[tuple]:
-    """The cache's groups: [(device, layers, capacity, budget row (B,) or None)] of consecutive layers
-    sharing all three (kvbench.memory's account builds the same list)."""
+def layer_capacities(capacities: list[int], windows, lengths: list[int], max_new_tokens: int,
+                     widest: int) -> list[int]:
+    """Slots per layer: the policy's `capacities` (one for all, or one per layer) for full-attention layers;
+    a windowed layer holds its window W - 1 + the widest forward, never more than the whole sequence."""
+    L = len(windows)
+    caps = list(capacities) * L if len(capacities) == 1 else list(capacities)
+    whole = max(lengths) + max_new_tokens
+    return [c if w is None else min(whole, w - 1 + widest) for c, w in zip(caps, windows, strict=True)]
+
+
+def layout(layer_devices, capacities: list[int], budgets: torch.Tensor | None, windows=None) -> list[tuple]:
+    """The cache's groups: [(device, layers, capacity, budget row (B,) or None, window W or None)] of consecutive
+    layers sharing all four (kvbench.memory's account builds the same list). Windowed layers have no budget row."""
     L = len(layer_devices)
     caps = list(capacities) * L if len(capacities) == 1 else list(capacities)
-    if len(caps) != L or (budgets is not None and budgets.shape[0] != L):
-        raise ValueError("one capacity (or one for all) and one budget row per layer")
+    windows = [None] * L if windows is None else list(windows)
+    if len(caps) != L or len(windows) != L or (budgets is not None and budgets.shape[0] != L):
+        raise ValueError("one capacity (or one for all), one window and one budget row per layer")
     runs: list[tuple] = []
     for layer, dev in enumerate(layer_devices):
         dev = torch.device(dev)
-        row = None if budgets is None else budgets[layer]
-        if runs and runs[-1][0] == dev and runs[-1][2] == caps[layer] and (
-                row is None or torch.equal(runs[-1][3], row)):
-            runs[-1][1].append(layer)
+        w = windows[layer]
+        row = None if budgets is None or w is not None else budgets[layer]
+        last = runs[-1] if runs else None
+        if last and last[0] == dev and last[2] == caps[layer] and last[4] == w and (
+                (row is None and last[3] is None) or (row is not None and last[3] is not None and torch.equal(last[3], row))):
+            last[1].append(layer)
         else:
-            runs.append((dev, [layer], caps[layer], row))
+            runs.append((dev, [layer], caps[layer], row, w))
     return runs

@@ -1,4 +1,5 @@
-"""Models from the Hugging Face Hub (Llama-2-13b-chat, Phi-3.5-mini-instruct), for users with GPUs.
+"""Models from the Hugging Face Hub (the paper's Llama-2-13b-chat and Phi-3.5-mini-instruct, and the models
+researchers load today: docs/models.md), for users with GPUs.
 
 `device_map=auto` splits the layers over every visible GPU (accelerate), with an optional per-GPU
 `max_memory` such as {0: "30GiB", 1: "30GiB"}; kvbench then puts each layer's KV cache on that
@@ -16,10 +17,17 @@ import torch
 from kvbench.errors import ConfigError
 from kvbench.models.base import LoadedModel, ModelSpec, finish, resolve_device, resolve_dtype
 
-# The paper's models' config.json, shipped so kvbench-plan needs no Hub (the weights still come from it)
+# The `model=` choices' config.json, shipped so kvbench-plan needs no Hub (the weights still come from it)
 SHIPPED_CONFIGS = {
     "meta-llama/Llama-2-13b-chat-hf": "Llama-2-13b-chat-hf.json",
     "microsoft/Phi-3.5-mini-instruct": "Phi-3.5-mini-instruct.json",
+    "meta-llama/Llama-3.1-8B-Instruct": "Llama-3.1-8B-Instruct.json",
+    "Qwen/Qwen3-8B": "Qwen3-8B.json",
+    "mistralai/Mistral-7B-Instruct-v0.3": "Mistral-7B-Instruct-v0.3.json",
+    "microsoft/Phi-3-mini-4k-instruct": "Phi-3-mini-4k-instruct.json",
+    "microsoft/Phi-4-mini-instruct": "Phi-4-mini-instruct.json",
+    "google/gemma-3-4b-it": "gemma-3-4b-it.json",  # the text decoder's config
+    "openai/gpt-oss-20b": "gpt-oss-20b.json",
 }
 CONFIG_DIR = Path(__file__).parent / "configs"
 

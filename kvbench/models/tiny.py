@@ -1,6 +1,8 @@
-"""Tiny random-weight Llama (GQA) and Phi-3 models with a byte-level tokenizer built in code.
+"""Tiny random-weight models of every family kvbench runs, with a byte-level tokenizer built in code.
 
-For tests and smoke runs: nothing is downloaded. The tokenizer maps UTF-8 bytes to ids 0-255 and
+For tests and smoke runs: nothing is downloaded. `llama` (GQA) and `phi3` are the models most tests use;
+the other archs (`FAMILY_ARCHS`) are the family matrix's (tests/test_families.py): windows of 16-24
+tokens, so prompts of 60-80 tokens cross them. The tokenizer maps UTF-8 bytes to ids 0-255 and
 has ChatML special tokens and a chat template, so chat-style prompts work like on real models.
 """
 
@@ -9,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from kvbench.errors import ConfigError
+from kvbench.models import family
 from kvbench.models.base import LoadedModel, ModelSpec, finish, resolve_device, resolve_dtype
 
 SPECIALS = ["<|im_start|>", "<|im_end|>", "<|pad|>"]
@@ -60,7 +63,46 @@ def tiny_config(arch: str, vocab_size: int = 288, layers: int = 2):
         from transformers import Phi3Config
 
         return Phi3Config(num_key_value_heads=4, **common)
-    raise ConfigError("model.arch", "must be llama or phi3", arch)
+    if arch in FAMILY_ARCHS:
+        from transformers import AutoConfig
+
+        model_type, extra = FAMILY_ARCHS[arch]
+        return AutoConfig.for_model(model_type, **{**common, "num_key_value_heads": 2, **extra})
+    raise ConfigError("model.arch", f"must be one of llama, phi3, {', '.join(FAMILY_ARCHS)}", arch)
+
+
+# the family matrix's tiny models: arch -> (transformers model_type, config fields over the common ones)
+FAMILY_ARCHS = {
+    "llama3": ("llama", dict(rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=8.0,
+                                                  low_freq_factor=1.0, high_freq_factor=4.0,
+                                                  original_max_position_embeddings=32))),
+    "mistral": ("mistral", dict(sliding_window=None)),
+    "mistral-window": ("mistral", dict(sliding_window=16)),
+    "qwen2": ("qwen2", dict(use_sliding_window=False)),
+    "qwen2-window": ("qwen2", dict(use_sliding_window=True, sliding_window=20, max_window_layers=1)),
+    "qwen3": ("qwen3", dict(head_dim=16)),
+    "phi3-window": ("phi3", dict(sliding_window=24, original_max_position_embeddings=4096, rope_parameters=dict(
+        rope_type="longrope", rope_theta=10000.0, partial_rotary_factor=0.5,
+        short_factor=[1.0, 1.1, 1.2, 1.3], long_factor=[1.5, 2.0, 3.0, 4.0]))),
+    "gemma2": ("gemma2", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16, attn_logit_softcapping=5.0,
+                              final_logit_softcapping=30.0)),
+    "gemma3": ("gemma3_text", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16,
+                                   layer_types=["sliding_attention", "full_attention"])),
+    "olmo2": ("olmo2", dict()),
+    "granite": ("granite", dict(attention_multiplier=0.2, embedding_multiplier=2.0, residual_multiplier=0.5,
+                                logits_scaling=2.0)),
+    "cohere": ("cohere", dict(logit_scale=0.5, use_qk_norm=False)),
+    "starcoder2": ("starcoder2", dict(sliding_window=20, use_bias=True)),
+    "gpt-oss": ("gpt_oss", dict(head_dim=16, sliding_window=16, num_local_experts=4, num_experts_per_tok=2,
+                                layer_types=["sliding_attention", "full_attention"], rope_parameters=dict(
+                                    rope_type="yarn", rope_theta=150000.0, factor=2.0, beta_fast=32.0, beta_slow=1.0,
+                                    original_max_position_embeddings=4096))),
+    # families kvbench refuses (tests/test_families.py checks the refusal): an MoE family never checked against
+    # transformers, and Gemma 3 with bidirectional attention
+    "qwen3-moe": ("qwen3_moe", dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)),
+    "gemma3-bidirectional": ("gemma3_text", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16,
+                                                 use_bidirectional_attention=True)),
+}
 
 
 def tokenizer(model_cfg):
@@ -78,6 +120,7 @@ def build_tiny(
 
     dev = resolve_device(device)
     cfg = tiny_config(arch, layers=layers)
+    family.check(cfg)  # a family kvbench cannot run exactly is refused before any weight is built
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(cfg, dtype=resolve_dtype(dtype, dev))

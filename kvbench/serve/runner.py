@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 
 from kvbench.cache.rotate import rotate
+from kvbench.errors import ConfigError
+from kvbench.models.family import kinds
 from kvbench.models.geometry import model_geometry, rope_inv_freq
 from kvbench.policies.base import Policy, ScoreStats
 from kvbench.serve.attention import backend as attention_backend
@@ -25,6 +27,10 @@ class ModelRunner:
     def __init__(self, model, num_blocks: int, block_size: int, policy: Policy, block_score: str = "sum",
                  rotate: bool = False):
         geo = model_geometry(model)
+        k = kinds(model.config)
+        if not k.plain:  # kvbench.preflight refuses it first on the command line
+            raise ConfigError("mode", f"serve mode runs full attention only; model family {k.family!r} has "
+                              f"{k.describe()} (run it with mode=run)", "serve")
         devices = set(geo["layer_devices"])
         if len(devices) != 1:
             raise ValueError("serve mode runs on one device (the model is split across several)")

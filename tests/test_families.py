@@ -1,0 +1,281 @@
+"""The family matrix: every decoder family kvbench accepts runs exactly, or is refused before it loads.
+
+Tiny random models of each family (kvbench.models.tiny.FAMILY_ARCHS: windows of 16-24 tokens), a batch
+of 2 prompts of 70 and 57 tokens (left padding, longer than every window): kvbench's full cache gives
+transformers' `generate` tokens, one for one, in float32 (every backend, whole-prompt and chunked prefill)
+and in bfloat16 (with the attention transformers itself runs: SDPA, or eager for Gemma 2 and gpt-oss).
+Families kvbench does not run exactly are refused with one line naming the family (exit code 2), by the
+CLI's preflight, the loader and `kvbench.generate`, before any weight is built.
+
+Policies on windowed models (a sampled cover of policies x schedules; KVBENCH_FAMILIES=full: all) run,
+compress the full-attention layers only, and windowed layers keep their window.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+
+import pytest
+import torch
+
+from kvbench import engine
+from kvbench.errors import ConfigError
+from kvbench.models import build_tiny, family
+from kvbench.models.tiny import FAMILY_ARCHS, tiny_config
+from kvbench.policies import H2O, TOVA, Full, PyramidKV, SnapKV, StreamingLLM, Window
+
+REFUSED_ARCHS = ("qwen3-moe", "gemma3-bidirectional")  # tiny models of what kvbench refuses
+ARCHS = ["llama", "phi3", *[a for a in FAMILY_ARCHS if a not in REFUSED_ARCHS]]
+HF_EAGER = ("gemma2", "gpt-oss")  # transformers runs these eagerly (no SDPA for soft-capping / sinks)
+BACKENDS = ("sdpa", "eager", "fused")
+NEW = 10
+_models: dict = {}
+
+
+def model(arch: str, dtype: str = "float32"):
+    if (arch, dtype) not in _models:
+        _models[arch, dtype] = build_tiny(f"tiny-{arch}", arch=arch, dtype=dtype, device="cpu")
+    return _models[arch, dtype]
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(0, 256, (n,), generator=g).tolist() for n in (70, 57)]
+
+
+def hf_generate(m, prompts, n=NEW, pad=258):
+    """transformers' own greedy generation of a left-padded batch."""
+    B, s = len(prompts), max(map(len, prompts))
+    ids, am = torch.full((B, s), pad), torch.zeros(B, s, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, s - len(p):], am[b, s - len(p):] = torch.tensor(p), 1
+    out = m.generate(ids, attention_mask=am, max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=pad)
+    return out[:, s:].tolist()
+
+
+def run(lm, prompts, policy=None, **kw):
+    return engine.generate(lm.model, lm.tokenizer, prompts, policy or Full(), batch_size=len(prompts),
+                           max_new_tokens=kw.pop("max_new_tokens", NEW), eos_token_ids=[], **kw)
+
+
+def test_every_family_is_accepted_or_refused():
+    """Every tiny arch is of a family the adapter accepts; the refused ones say why in one line."""
+    for arch in ARCHS:
+        assert family.refusal(tiny_config(arch)) is None, arch
+    for arch in REFUSED_ARCHS:
+        why = family.refusal(tiny_config(arch))
+        assert why and "\n" not in why and family.family_of(tiny_config(arch)) in why
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_full_cache_equals_hf_generate_float32(arch, prompts):
+    """Every backend, the whole prompt at once and in chunks of 16 (windows of 16-24 are crossed mid-chunk)."""
+    lm = model(arch)
+    ref = hf_generate(lm.model, prompts)
+    for backend, chunk in zip(BACKENDS, (None, 16, 23), strict=True):
+        out = run(lm, prompts, attention=backend, prefill_chunk=chunk)
+        assert out.token_ids == ref, (arch, backend, chunk)
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral-window", "qwen2-window", "phi3-window", "gemma2", "gemma3",
+                                  "starcoder2", "gpt-oss"])
+def test_full_cache_equals_hf_generate_bfloat16(arch, prompts):
+    """In bfloat16 with the attention transformers runs (tokens depend on the kernel's rounding)."""
+    lm = model(arch, "bfloat16")
+    ref = hf_generate(lm.model, prompts)
+    out = run(lm, prompts, attention="eager" if arch in HF_EAGER else "sdpa")  # the whole prompt, as transformers
+    assert out.token_ids == ref, arch
+
+
+def test_windowed_layers_hold_only_their_window(prompts):
+    """Gemma 3's local layer holds W - 1 + the widest forward; its global layer the whole sequence."""
+    lm = model("gemma3")
+    held = []
+    out = run(lm, prompts, prefill_chunk=16,
+              observer=lambda ev, c: held.append([(g.sliding, g.capacity, int(g.n.max())) for g in c.groups]))
+    assert out.token_ids == hf_generate(lm.model, prompts)
+    local = [h for step in held for h in step if h[0] is not None]
+    full = [h for step in held for h in step if h[0] is None]
+    assert local and max(n for _, _, n in local) <= 16 - 1 + 16 and {c for _, c, _ in local} == {16 - 1 + 16}
+    assert max(n for _, _, n in full) == 70 + NEW - 1
+
+
+def _no_windows(arch):
+    cfg = tiny_config(arch)
+    cfg.layer_types = ["full_attention"] * cfg.num_hidden_layers
+    return cfg
+
+
+def test_windowed_model_peak_kv_below_the_same_model_without_windows(prompts):
+    """Measured from the cache's real tensors (not the account), then the account agrees with it."""
+    from transformers import AutoModelForCausalLM
+
+    lm = model("gemma3")
+    allocated = []
+
+    def watch(ev, c):
+        allocated.append(c.allocated_bytes())
+
+    windowed = run(lm, prompts, prefill_chunk=16, observer=watch, max_new_tokens=30)
+    peak_windowed = max(allocated)
+    allocated.clear()
+    plain = AutoModelForCausalLM.from_config(_no_windows("gemma3"))
+    plain.load_state_dict(lm.model.state_dict())
+    plain.eval()
+    out = engine.generate(plain, lm.tokenizer, prompts, Full(), batch_size=2, max_new_tokens=30, eos_token_ids=[],
+                          prefill_chunk=16, observer=watch)
+    peak_plain = max(allocated)
+    assert peak_windowed < 0.8 * peak_plain, (peak_windowed, peak_plain)
+    assert windowed.peak_kv_bytes < out.peak_kv_bytes
+    assert windowed.accounted.devices["cpu"].kv_cache == windowed.kv_allocated_bytes == peak_windowed
+    assert out.accounted.devices["cpu"].kv_cache == peak_plain
+
+
+POLICIES = {
+    "h2o": lambda: H2O(kv_size=24, evict_every=1),
+    "tova": lambda: TOVA(kv_size=24, evict_every=1),
+    "snapkv": lambda: SnapKV(kv_size=24, window=8, evict_every=8),
+    "pyramidkv": lambda: PyramidKV(kv_size=24, window=8, evict_every=8),
+    "window": lambda: Window(kv_size=24, evict_every=4),
+    "streaming_llm": lambda: StreamingLLM(kv_size=24, evict_every=4),
+}
+SCHEDULES = ("prefill_and_decode", "decode_only", "after_prefill")
+MIXED = ("gemma3", "gpt-oss", "qwen2-window", "gemma2")
+
+
+def _cover():
+    product = list(itertools.product(MIXED, POLICIES, SCHEDULES))
+    if os.environ.get("KVBENCH_FAMILIES") == "full":
+        return product
+    # every family, policy and schedule at least once; each family with two policies
+    return [(a, p, s) for i, (a, p, s) in enumerate(product) if i % 5 == 0]
+
+
+@pytest.mark.parametrize("arch,name,schedule", _cover())
+def test_policies_compress_full_layers_only(arch, name, schedule, prompts):
+    lm = model(arch)
+    kinds = family.kinds(lm.model.config)
+    try:
+        policy = dataclasses.replace(POLICIES[name](), schedule=schedule)
+    except ConfigError as e:  # a policy that refuses this schedule says so
+        pytest.skip(f"{name} refuses {schedule}: {e}")
+    seen = []
+    out = run(lm, prompts, policy, prefill_chunk=8, attention="auto",
+              observer=lambda ev, c: seen.append([(g.sliding, g.layers, int(g.n.max()), g.budget) for g in c.groups]))
+    assert len(out.token_ids) == 2 and all(len(t) == NEW for t in out.token_ids)
+    for sliding, layers, n, budget in (g for step in seen for g in step):
+        if sliding is not None:  # a windowed layer keeps its window (+ the forward's chunk), whatever the policy
+            assert all(kinds.windows[i] == sliding for i in layers) and n <= sliding - 1 + 8
+        else:  # the full-attention layers are the policy's
+            assert all(kinds.windows[i] is None for i in layers)
+            if schedule == "prefill_and_decode":
+                assert n <= int(budget.max())
+    last = {sliding: n for sliding, _, n, _ in seen[-1]}
+    assert last[None] < 70 + NEW - 1  # compressed (the full cache would hold the whole sequence)
+
+
+def test_policy_on_a_model_without_full_layers_is_refused(prompts):
+    lm = model("mistral-window")
+    with pytest.raises(ConfigError, match="no full-attention layer"):
+        run(lm, prompts, H2O(kv_size=24))
+
+
+def test_generate_refuses_a_family_it_cannot_run(prompts):
+    """`kvbench.generate` on a model of a refused family: ConfigError (one line), nothing generated."""
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_config(tiny_config("gemma3-bidirectional")).eval()
+    with pytest.raises(ConfigError, match="gemma3_text.*bidirectional"):
+        engine.generate(m, model("llama").tokenizer, prompts, Full(), max_new_tokens=2)
+
+
+def test_loader_refuses_before_building_weights(monkeypatch):
+    import transformers
+
+    def boom(*a, **k):
+        raise AssertionError("weights were built")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config", boom)
+    with pytest.raises(ConfigError, match="qwen3_moe"):
+        build_tiny("t", arch="qwen3-moe", device="cpu")
+
+
+@pytest.mark.parametrize("arch,fragment", [("qwen3-moe", "qwen3_moe"), ("gemma3-bidirectional", "bidirectional")])
+def test_cli_refuses_a_family_before_loading(arch, fragment, capsys, tmp_path, monkeypatch):
+    import transformers
+
+    from kvbench.cli import main
+    from tests.conftest import assert_one_line_exit_2
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("weights were built")))
+    assert_one_line_exit_2(main, ["model=tiny-llama", f"model.arch={arch}", "task=passkey", "task.n_samples=1",
+                                  f"results_dir={tmp_path}"], capsys, fragment)
+
+
+def test_serve_refuses_a_windowed_model(capsys, tmp_path):
+    from kvbench.cli import main
+    from tests.conftest import assert_one_line_exit_2
+
+    assert_one_line_exit_2(main, ["model=tiny-llama", "model.arch=gemma3", "mode=serve", "task=passkey",
+                                  "task.n_samples=1", f"results_dir={tmp_path}"], capsys, "serve")
+
+
+# ------------------------------------------------------------------------- the model= choices, planned offline
+NEW_MODELS = {  # model= choice -> (parameters as published, in billions; windowed layers)
+    "llama31-8b": (8.03, 0), "qwen3-8b": (8.19, 0), "mistral-7b-v03": (7.25, 0), "phi3-mini-4k": (3.82, 32),
+    "phi4-mini": (3.84, 0), "gemma3-4b": (3.88, 29), "gpt-oss-20b": (20.9, 12),
+}
+
+
+def _plan(*overrides):
+    from hydra import compose, initialize_config_dir
+
+    from kvbench import plan
+    from kvbench.config import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return plan.plan(compose("config", overrides=list(overrides)))
+
+
+@pytest.mark.parametrize("name", NEW_MODELS)
+def test_new_model_choices_plan_offline(name, tmp_path):
+    """Each shipped config plans without the Hub (HF_HUB_OFFLINE=1): one 80 GiB GPU, 4,000-token prompts."""
+    from kvbench.plan import table
+
+    prompt = 1500 if name == "phi3-mini-4k" else 4000  # a 4k model (its window of 2047 must not cut: see below)
+    rec = _plan(f"model={name}", "plan.gpus=1", "plan.gpu_mem_mib=81920", f"plan.prompt_tokens={prompt}",
+                "plan.backends=[sdpa]", "policy=batch_max", "policy.kv_size=512", "gen.max_new_tokens=256",
+                "search.candidates=[1,2,4,8,16,32,64,128,256]", f"results_dir={tmp_path}")
+    params, windowed = NEW_MODELS[name]
+    m = rec["plan"]["model"]
+    assert abs(m["parameters"] / 1e9 - params) / params < 0.01
+    assert (f"{windowed} of" in m["attention_kinds"]) if windowed else m["attention_kinds"] == "full attention in every layer"
+    rows = {r["method"]: r for r in rec["plan"]["rows"]}
+    assert rows["FKV"]["max_batch_size"] <= rows["BM"]["max_batch_size"]
+    assert "full KV cache of one longest sample" in table(rec)
+
+
+def test_plan_refuses_a_policy_with_nothing_to_compress(tmp_path):
+    """Phi-3-mini-4k's every layer has a window of 2047: sequences longer than it leave the policy no layer."""
+    with pytest.raises(ConfigError, match="no full-attention layer"):
+        _plan("model=phi3-mini-4k", "plan.gpus=1", "plan.gpu_mem_mib=81920", "plan.prompt_tokens=3000",
+              "plan.backends=[sdpa]", f"results_dir={tmp_path}")
+
+
+def test_gemma3_plan_credits_its_windows(tmp_path):
+    """Gemma 3 with the prompt in chunks of its window: 29 of 34 layers hold 1,023 + 1,024 pairs at most, so a
+    4,256-token sample's full cache is 0.56 of the same model's without windows (whole-prompt prefill: the
+    windowed layers hold the prompt during its forward, as transformers' sliding cache does: no credit)."""
+    args = ["model=gemma3-4b", "plan.gpus=1", "plan.gpu_mem_mib=24576", "plan.prompt_tokens=4000", "plan.backends=[sdpa]",
+            "gen.max_new_tokens=256", "search.candidates=[1,2,4,8]", f"results_dir={tmp_path}"]
+    chunked = _plan(*args, "gen.prefill_chunk=1024")
+    m = chunked["plan"]["model"]
+    expected = (5 * 4257 + 29 * (1023 + 1024 + 1)) / (34 * 4257)  # slots, the scratch slot included
+    assert m["kv_bytes_one_sample"] / m["kv_bytes_one_sample_without_windows"] == pytest.approx(expected, rel=1e-6)
+    whole = _plan(*args)["plan"]["model"]
+    assert whole["kv_bytes_one_sample"] == whole["kv_bytes_one_sample_without_windows"] == m["kv_bytes_one_sample_without_windows"]
+    assert "0 of" not in m["attention_kinds"] and "29 of 34 layers windowed (W=[1024])" == m["attention_kinds"]
