@@ -32,7 +32,8 @@ I MLP width, V vocabulary, Hq / H query / KV heads, D head dim, L layers on the 
                           and CUDA's float16 one upcast as they read; 10 for bfloat16 on CUDA, assumed
                           to copy its input to float32, not measured), 20 (float64);
                           or the output, its transposed copy and the query, 3·B·T·Hq·D·e;
-                          fused 2·B·T·Hq·D·e + B·Hq·min(T, score_chunk)·N·2a + B·min(T, chunk)·N + O(B·H·N);
+                          fused 2·B·T·Hq·D·e + B·Hq·min(T, score_chunk)·N·2a + B·min(T, chunk)·N + O(B·H·N)
+                          (models with sinks or soft-capping, which always run it: N + 1 keys, 3a);
                           logits B·V·e + B·T·h·e (logits_to_keep=1)
       eviction of b of the B rows over N pairs (+ the padded prompts B·s·8, alive between forwards):
           L·b·H·N·21 bytes (scores, sort values and int64
@@ -97,6 +98,7 @@ class ModelShape:
     weights: dict[str, int]  # bytes per device
     layers: dict[str, int]  # decoder layers per device
     windows: tuple = ()  # per decoder layer: its sliding window W, None for full attention (() : none windowed)
+    manual: bool = False  # learned sinks or logit soft-capping: the fused (or eager) attention, never SDPA / flash
 
     @property
     def elem(self) -> int:
@@ -127,6 +129,7 @@ class ModelShape:
             weights=weights,
             layers=layers,
             windows=k.windows,
+            manual=k.sinks or k.softcap is not None,
         )
 
 
@@ -195,11 +198,12 @@ def _forward_bytes(
         rep = 2 * B * Hq * N * D * e if Hq != s.kv_heads else 0  # repeat_kv's copies of K and V
         phases.append(qkv + q + rep + max(probs, S * e + q + (stats if scored else 0)))
         phases.append(qkv + 3 * q)  # the output, its transposed copy and the query
-    elif attention == "fused" and scored:  # kvbench.attention._fused: one set of probabilities per chunk
+    elif attention == "fused":  # kvbench.attention._fused (scored policies; models with sinks or soft-capping)
         a = max(4, e)
         tc = min(T, chunk)
-        chunk_bytes = B * Hq * tc * N * 2 * a + B * tc * N  # logits + probabilities (float32), the mask's inverse
-        phases.append(qkv + 2 * q + chunk_bytes + stats)
+        # logits + probabilities (float32, one more column for a sink; soft-capping's tanh a third), the mask's inverse
+        chunk_bytes = (B * Hq * tc * (N + 1) * 3 * a if s.manual else B * Hq * tc * N * 2 * a) + B * tc * N
+        phases.append(qkv + 2 * q + chunk_bytes + (stats if scored else 0))
     else:
         workspace = _cpu_sdpa_workspace(T, N, D, e) if cpu else B * Hq * T * 4  # CUDA: the logsumexp
         mask = B * T * N * e if attention != "flash" else 0  # SDPA's float copy of the bool mask
@@ -313,7 +317,8 @@ def account(
     devices = {}
     for dev in s.layers:
         mine = [gi for gi, g in enumerate(groups) if str(g[0]) == dev]
-        backend = resolve(attention, device_type=dev.split(":")[0], dtype=s.dtype, needs_attention=scored)
+        backend = resolve(attention, device_type=dev.split(":")[0], dtype=s.dtype, needs_attention=scored,
+                          manual=s.manual)
         transients = [  # the device's layers attend over their groups' keys; one mask per group lives on
             _forward_bytes(s, B, T, max(keys[gi] for gi in mine), longest, scored, logits, score_chunk, dev == "cpu",
                            backend, mask_keys=sum(keys[gi] for gi in mine))

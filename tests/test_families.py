@@ -72,10 +72,14 @@ def test_every_family_is_accepted_or_refused():
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_full_cache_equals_hf_generate_float32(arch, prompts):
-    """Every backend, the whole prompt at once and in chunks of 16 (windows of 16-24 are crossed mid-chunk)."""
+    """SDPA on the whole prompt, then eager or fused (alternating over the families; both for windowed or sink
+    models) on chunks of 16 or 23 (windows of 16-24 are crossed mid-chunk, and the window groups are trimmed)."""
     lm = model(arch)
     ref = hf_generate(lm.model, prompts)
-    for backend, chunk in zip(BACKENDS, (None, 16, 23), strict=True):
+    k = family.kinds(lm.model.config)
+    runs = [("sdpa", None)] + ([("eager", 16), ("fused", 23)] if k.windowed or k.sinks else
+                               [(("eager", 16), ("fused", 23))[ARCHS.index(arch) % 2]])
+    for backend, chunk in runs:
         out = run(lm, prompts, attention=backend, prefill_chunk=chunk)
         assert out.token_ids == ref, (arch, backend, chunk)
 
@@ -175,6 +179,30 @@ def test_policies_compress_full_layers_only(arch, name, schedule, prompts):
                 assert n <= int(budget.max())
     last = {sliding: n for sliding, _, n, _ in seen[-1]}
     assert last[None] < 70 + NEW - 1  # compressed (the full cache would hold the whole sequence)
+
+
+def test_a_layer_whose_window_the_adapter_missed_raises(prompts, monkeypatch):
+    """The guard behind the adapter: were a family's windows misread, the attention raises, never runs silently."""
+    lm = model("mistral-window")
+    monkeypatch.setitem(family.FAMILIES, "mistral", family.NONE)  # the defect: Mistral read as full attention
+    with pytest.raises(RuntimeError, match="sliding_window=16"):
+        run(lm, prompts)
+
+
+def test_record_names_the_layers_a_policy_compressed(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from kvbench import runner
+    from kvbench.config import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["model=tiny-llama", "model.arch=gemma3", "task.n_samples=2",
+                                           "task.context_tokens=60", "gen.max_new_tokens=4", "batch_size=2",
+                                           "policy=h2o", "policy.kv_size=24", f"results_dir={tmp_path}"])
+    rec = runner.run(cfg)
+    assert rec["status"] == "ok", rec["error"]
+    assert rec["compressed_layers"] == [1] and rec["model_family"].startswith("gemma3_text: 1 of 2 layers windowed")
+    assert any("windowed layers [0] keep their sliding window" in e for e in rec["extensions"])
 
 
 def test_policy_on_a_model_without_full_layers_is_refused(prompts):
