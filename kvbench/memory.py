@@ -13,7 +13,8 @@ I MLP width, V vocabulary, Hq / H query / KV heads, D head dim, L layers on the 
     peak = weights + KV cache + the largest transient
     weights     parameters and buffers as loaded (exact)
     KV cache    the preallocated cache, exact: `KVCache.nbytes_for` (K, V, positions, statistics), per
-                group of layers (`kvbench.cache.layout`: per-layer budgets give each layer its own capacity)
+                group of layers (`kvbench.cache.layout`: per-layer budgets give each layer its own capacity;
+                sliding-window layers hold W - 1 + the widest forward, their trims replayed like evictions)
     transient   the largest of
       forward of T tokens over N keys (every forward of the batch, replayed on counts, EOS ignored):
           4·B·T·h·e hidden states (embeddings output, layer input, residual, normed input)

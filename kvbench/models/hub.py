@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from kvbench.errors import ConfigError
+from kvbench.models import family
 from kvbench.models.base import LoadedModel, ModelSpec, finish, resolve_device, resolve_dtype
 
 # The `model=` choices' config.json, shipped so kvbench-plan needs no Hub (the weights still come from it)
@@ -94,6 +95,7 @@ def load_hub(
         kwargs["device_map"] = device_map
         if max_memory:
             kwargs["max_memory"] = max_memory_of(max_memory)
+    family.check(hub_config(pretrained, revision, trust_remote_code))  # a refused family: before any weight loads
     tok = AutoTokenizer.from_pretrained(pretrained, revision=revision, trust_remote_code=trust_remote_code)
     model = AutoModelForCausalLM.from_pretrained(pretrained, **kwargs)
     if "device_map" not in kwargs:
