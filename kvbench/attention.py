@@ -308,10 +308,11 @@ def kvbench_attention(module, query, key, value, attention_mask, scaling=None, d
         raise RuntimeError(f"layer {module.layer_idx} attends with sliding_window={w}, kvbench's cache was built "
                            f"for {step.window} (kvbench.models.family)")
     sinks, softcap = kwargs.get("s_aux"), kwargs.get("softcap")
-    backend, track = _state["backend"], cache.track_attention and cache.tracks(module.layer_idx)
+    group = cache.group_of(module.layer_idx)  # windowed layers' groups collect no statistics, keep no queries
+    backend, track = _state["backend"], cache.track_attention and group.sum_w is not None
     if (sinks is not None or softcap is not None) and backend not in ("eager", "fused"):
         raise RuntimeError(f"layer {module.layer_idx} has attention sinks or soft-capping: backend {backend} cannot run it")
-    if cache.query_window and cache.remembers(module.layer_idx):  # the newest queries (SnapKV's observation window)
+    if cache.query_window and group.q is not None:  # the newest queries (SnapKV's observation window)
         cache.remember_queries(module.layer_idx, query, scaling)
     if backend == "eager":  # output and statistics from one set of probabilities: no separate statistics time
         out, stats = _eager(query, key, value, step, scaling, track, sinks, softcap)

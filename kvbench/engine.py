@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from kvbench import memory
 from kvbench.attention import SCORE_CHUNK, kv_attention, resolve_backend
 from kvbench.cache import KVCache, layer_capacities
+from kvbench.cache.evict import trim_windows
 from kvbench.models import family
 from kvbench.models.compat import cache_kwarg
 from kvbench.models.geometry import model_geometry, rope_inv_freq
@@ -91,7 +92,8 @@ class _Batch:
         windows = family.effective_windows(geometry["windows"], s + max_new_tokens)  # a window never cut: full
         self.budgets = policy.budgets(self.lengths, len(windows))  # (L, B) or None
         # what the policy compresses: the full-attention layers (windowed ones keep their window)
-        self.full_budgets = None if self.budgets is None else self.budgets[[w is None for w in windows]]
+        full = [w is None for w in windows]
+        self.full_budgets = None if self.budgets is None or not any(full) else self.budgets[full]
         self.plan = prefill_plan(self.lengths, policy, prefill_chunk, self.full_budgets)
         widest = max(int(r.max()) for r in self.plan)
         self.cache = KVCache(
@@ -119,8 +121,8 @@ class _Batch:
 def _evict_if_needed(cache: KVCache, r: torch.Tensor, policy: Policy, prefill: bool, observer,
                      first_decode: bool = False, max_new_tokens: int = 0) -> None:
     """Evict, group by group of layers (one group unless budgets differ by layer), the rows that need it;
-    windowed layers only keep their window (`KVCache.trim_windows`), whatever the policy."""
-    cache.trim_windows(r)
+    windowed layers only keep their window (`kvbench.cache.evict.trim_windows`), whatever the policy."""
+    trim_windows(cache.groups, r, cache.gather_layers)
     if not policy.evicts:
         return
     plan = [(g, rows_to_evict(g.n, r, policy, prefill, g.budget, first_decode)) for g in cache.groups

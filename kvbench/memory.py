@@ -268,7 +268,7 @@ def _walk(lengths: list[int], policy, max_new_tokens: int, prefill_chunk: int | 
     forwards, evictions = set(), set()
     for i, (r, prefill, logits) in enumerate(steps):
         for gi, (_, _, cap, budget, window) in enumerate(groups):
-            if window is not None:  # KVCache.trim_windows: keep the newest W - 1 pairs by slicing
+            if window is not None:  # kvbench.cache.evict.trim_windows: keep the newest W - 1 pairs by slicing
                 rows = (ns[gi] + r > cap) & (r > 0)
                 if bool(rows.any()):
                     evictions.add((gi, int(ns[gi][rows].max()), int(rows.sum()), window - 1))
@@ -306,7 +306,8 @@ def account(
     layer_devices = [dev for dev, L in s.layers.items() for _ in range(L)]
     windows = effective_windows(list(s.windows) or [None] * len(layer_devices), longest + max_new_tokens)
     budgets = policy.budgets(lengths, len(layer_devices))  # (L, B) or None
-    full_budgets = None if budgets is None else budgets[[w is None for w in windows]]
+    full = [w is None for w in windows]
+    full_budgets = None if budgets is None or not any(full) else budgets[full]
     widest = max(int(r.max()) for r in prefill_plan(lengths, policy, prefill_chunk, full_budgets))
     caps = layer_capacities(policy.capacities(lengths, max_new_tokens, budgets), windows, lengths, max_new_tokens,
                             widest)

@@ -85,6 +85,19 @@ def keep_newest(g, rows: torch.Tensor, keep: torch.Tensor, sinks: int, gather_la
                 x[l0 : l0 + step, sel, :, sinks:k] = src.clone() if every and overlap else src
 
 
+def trim_windows(groups, r: torch.Tensor, gather_layers: int) -> None:
+    """Before a forward bringing r (B,) tokens: a windowed group (`sliding` W) that could not hold them keeps, in
+    the rows that need room, only its newest W - 1 pairs (all a query of this forward can still see)."""
+    for g in groups:
+        if g.sliding is None:
+            continue
+        rows = (g.n + r > g.capacity) & (r > 0)
+        if bool(rows.any()):
+            keep = torch.full_like(g.n, g.sliding - 1)
+            keep_newest(g, rows, keep, 0, gather_layers)
+            g.n = torch.where(rows, keep, g.n)
+
+
 def evict(g, rows: torch.Tensor, keep: torch.Tensor, policy: Policy, *, seen: torch.Tensor, qpos: torch.Tensor,
           scale: float | None, inv_freq: torch.Tensor | None, gather_layers: int) -> None:
     """Keep `keep` (B,) pairs of every (layer, head) of the rows (B,) bool of group `g`; counts updated."""

@@ -68,8 +68,7 @@ class KVCache(Cache):
     def __init__(self, *, batch_size: int, num_kv_heads: int, head_dim: int, capacity: int | list[int],
                  dtype: torch.dtype, layer_devices: list[torch.device | str], track_attention: bool = False,
                  gather_layers: int = 4, num_q_heads: int | None = None, query_window: int = 0,
-                 rope_inv_freq: torch.Tensor | None = None, budgets: torch.Tensor | None = None,
-                 windows: list[int | None] | None = None):
+                 rope_inv_freq: torch.Tensor | None = None, budgets: torch.Tensor | None = None, windows=None):
         self.batch_size_, self.heads, self.head_dim, self.dtype = batch_size, num_kv_heads, head_dim, dtype
         self.q_heads, self.query_window = num_q_heads or num_kv_heads, query_window
         self.query_scale: float | None = None  # the attention's softmax scale, seen at the first forward
@@ -78,13 +77,9 @@ class KVCache(Cache):
         self.num_layers = len(layer_devices)
         self.budgets = None if budgets is None else budgets.to(torch.long).cpu()  # (L, B)
         caps = capacity if isinstance(capacity, (list, tuple)) else [capacity]
-        groups = layout(layer_devices, caps, self.budgets, windows)  # windowed layers: own groups, never scored
-        self._groups = [Group(layers, batch_size, num_kv_heads, cap, head_dim, dtype, dev, track_attention and w is None,
-                              self.q_heads, query_window if w is None else 0, budget=row,
-                              rerotate=self.rope_inv_freq is not None and w is None, index=gi, sliding=w)
-                        for gi, (dev, layers, cap, row, w) in enumerate(groups)]
-        if self.rope_inv_freq is not None and any(g.sliding is not None for g in self._groups):
-            raise ValueError("policy.rerotate=true needs full attention in every layer")
+        self._groups = [Group(layers, batch_size, num_kv_heads, cap, head_dim, dtype, dev, track_attention, self.q_heads,
+                              query_window, budget=row, rerotate=self.rope_inv_freq is not None, index=gi, sliding=w)
+                        for gi, (dev, layers, cap, row, w) in enumerate(layout(layer_devices, caps, self.budgets, windows))]
         self._where = [(g, i) for g in self._groups for i in range(len(g.layers))]  # layer -> (group, index in it)
         if self.rope_inv_freq is not None and len({tuple(g.budget.tolist()) for g in self._groups
                                                    if g.budget is not None}) > 1:
@@ -141,13 +136,10 @@ class KVCache(Cache):
     def nbytes_for(*, batch_size: int, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int,
                    dtype: torch.dtype, track_attention: bool, num_q_heads: int | None = None, query_window: int = 0,
                    rerotate: bool = False, window: int | None = None) -> int:
-        """What `allocated_bytes()` reports for such a cache (or one group of it: `window`, its sliding window),
-        before building it (kvbench.memory's account): built from the same `Group` on the meta device, so the
-        count cannot drift from the allocation."""
-        full = window is None
-        return Group(range(num_layers), batch_size, num_kv_heads, capacity, head_dim, dtype, "meta",
-                     track_attention and full, num_q_heads or num_kv_heads, query_window if full else 0,
-                     rerotate=rerotate and full, sliding=window).nbytes()
+        """What `allocated_bytes()` reports for such a cache (a group of it with `window`), before building it
+        (kvbench.memory's account): built from the same `Group` on the meta device, so the count cannot drift."""
+        return Group(range(num_layers), batch_size, num_kv_heads, capacity, head_dim, dtype, "meta", track_attention,
+                     num_q_heads or num_kv_heads, query_window, rerotate=rerotate, sliding=window).nbytes()
 
     def kept_positions(self, layer: int, sample: int) -> torch.Tensor:
         """(H_kv, n_b) positions currently kept by `sample` in `layer`."""
@@ -192,39 +184,19 @@ class KVCache(Cache):
         g.q[i] = window.remember(g.q[i], self.step_for(layer).q_src, query)
         self.query_scale = scaling
 
-    def tracks(self, layer: int) -> bool:
-        """Whether `layer` collects attention statistics (scored policies, full-attention layers only)."""
-        return self._where[layer][0].sum_w is not None
-
-    def remembers(self, layer: int) -> bool:
-        """Whether `layer` keeps its newest queries (a policy's query window, full-attention layers only)."""
-        return self._where[layer][0].q is not None
-
     def accumulate(self, layer: int, w_sum: torch.Tensor, w_last: torch.Tensor) -> None:
         """Add a forward's attention statistics (B, H_kv, N) of `layer` (pads already excluded)."""
         g, i = self._where[layer]
         g.accumulate(i, self.step_for(layer), w_sum, w_last)
 
     # ------------------------------------------------------------------ between forwards
-    def trim_windows(self, r: torch.Tensor) -> None:
-        """Before a forward bringing r (B,) tokens: a windowed group that could not hold them keeps, in the rows
-        that need room, only its newest W - 1 pairs (all a query of this forward can still see), by slicing."""
-        for g in self._groups:
-            if g.sliding is None:
-                continue
-            rows = (g.n + r > g.capacity) & (r > 0)
-            if bool(rows.any()):
-                keep = torch.full_like(g.n, g.sliding - 1)
-                eviction.keep_newest(g, rows, keep, 0, self.gather_layers)
-                g.n = torch.where(rows, keep, g.n)
-
     def evict(self, rows: torch.Tensor, keep, policy: Policy, group: Group | None = None) -> None:
         """Keep the `keep` (an int, or (B,) per sample) best pairs of every (layer, head) of the samples in
         `rows` ((B,) bool, CPU), in `group` (None: every full-attention group); kvbench.cache.evict says how."""
         if not bool(rows.any()):
             return
         keep = torch.as_tensor(keep, dtype=torch.long).expand(self.batch_size_)
-        for g in [g for g in self._groups if g.sliding is None] if group is None else [group]:
+        for g in [g for g in self._groups if g.sliding is None] if group is None else [group]:  # never a window
             eviction.evict(g, rows, keep, policy, seen=self.seen, qpos=self.qpos, scale=self.query_scale,
                            inv_freq=self.rope_inv_freq, gather_layers=self.gather_layers)
         self.evictions += 1

@@ -36,6 +36,10 @@ class Group:
         self.layers = list(layers)
         self.index = index
         self.sliding = sliding  # the layers' sliding window W (None: full attention, the policy's to compress)
+        if sliding is not None:  # a windowed group is never scored nor compressed by a policy: no statistics
+            if rerotate:
+                raise ValueError("policy.rerotate=true needs full attention in every layer")
+            track, window = False, 0
         self.device = torch.device(device)
         self.capacity = capacity
         self.budget = budget
