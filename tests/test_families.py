@@ -307,3 +307,27 @@ def test_gemma3_plan_credits_its_windows(tmp_path):
     whole = _plan(*args)["plan"]["model"]
     assert whole["kv_bytes_one_sample"] == whole["kv_bytes_one_sample_without_windows"] == m["kv_bytes_one_sample_without_windows"]
     assert "0 of" not in m["attention_kinds"] and "29 of 34 layers windowed (W=[1024])" == m["attention_kinds"]
+
+
+@pytest.mark.parametrize("arch", ["llama3", "qwen3", "olmo2", "granite", "cohere", "mistral"])
+def test_serve_equals_the_static_engine_on_full_attention_families(arch, prompts):
+    """Serve mode (paged pool, continuous batching) gives the static engine's tokens on every family without
+    windows, sinks or soft-capping; on the others it is refused (below, and in the preflight above)."""
+    from kvbench.serve.engine import serve
+    from kvbench.serve.request import Request
+
+    lm = model(arch)
+    want = run(lm, prompts).token_ids
+    reqs = [Request(rid=i, prompt=list(p), max_new_tokens=NEW, arrival=0.0) for i, p in enumerate(prompts)]
+    serve(lm.model, reqs, Full(), num_blocks=64, block_size=4, max_tokens_per_step=32)
+    assert [r.output for r in reqs] == want
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "gpt-oss", "gemma2"])
+def test_serve_refuses_windows_sinks_and_softcapping(arch):
+    from kvbench.serve.engine import serve
+    from kvbench.serve.request import Request
+
+    with pytest.raises(ConfigError, match="serve mode runs full attention only"):
+        serve(model(arch).model, [Request(rid=0, prompt=[1, 2, 3], max_new_tokens=2)], Full(), num_blocks=8,
+              block_size=4, max_tokens_per_step=8)
