@@ -95,6 +95,7 @@ class _Batch:
         full = [w is None for w in windows]
         self.full_budgets = None if self.budgets is None or not any(full) else self.budgets[full]
         self.plan = prefill_plan(self.lengths, policy, prefill_chunk, self.full_budgets)
+        family.check_length_rope(model.config, s, s, max_new_tokens, len(self.plan) > 1)  # the padded batch
         widest = max(int(r.max()) for r in self.plan)
         self.cache = KVCache(
             batch_size=B,

@@ -42,6 +42,7 @@ def check_run(cfg: DictConfig) -> list[int] | None:
     lengths = prompt_lengths(cfg)
     if lengths is not None:
         check_family(cfg, max(lengths, default=0) + cfg.gen.max_new_tokens)
+        check_prompt_rope(cfg, lengths)
         check_pool(cfg, lengths)
     check_results_dir(cfg.results_dir)
     return lengths
@@ -107,6 +108,26 @@ def check_family(cfg: DictConfig, seq_len: int | None = None) -> None:
                           f"{k.describe()} (run it with mode=run)", cfg.mode)
     if cfg.mode != "serve_limits" and seq_len is not None:
         check_policy(config, build_policy(cfg), seq_len)
+
+
+def check_prompt_rope(cfg: DictConfig, lengths: list[int]) -> None:
+    """A length-dependent RoPE (longrope, dynamic) is computed as transformers computes it (kvbench.models.family)."""
+    config = model_config(cfg)
+    if config is None or not lengths or cfg.mode not in ("run", "serve"):
+        return
+    from kvbench.models.family import check_length_rope, rope_kind, rope_length_limit
+
+    new, limit = cfg.gen.max_new_tokens, rope_length_limit(config)
+    if cfg.mode == "serve":
+        if limit is not None and max(lengths) + new > limit:
+            raise ConfigError("mode", f"serve mode mixes requests in one forward, whose largest position sets every "
+                              f"request's {rope_kind(config)} RoPE; sequences of up to {max(lengths) + new} tokens "
+                              f"pass its {limit}-position switch (run it with mode=run)", cfg.mode)
+        return
+    policy, chunk = build_policy(cfg), cfg.gen.prefill_chunk
+    if policy.evicts_in_prefill:
+        chunk = chunk or policy.evict_every
+    check_length_rope(config, min(lengths), max(lengths), new, bool(chunk) and max(lengths) > chunk)
 
 
 def check_rope(cfg: DictConfig) -> None:

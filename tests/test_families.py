@@ -331,3 +331,62 @@ def test_serve_refuses_windows_sinks_and_softcapping(arch):
     with pytest.raises(ConfigError, match="serve mode runs full attention only"):
         serve(model(arch).model, [Request(rid=0, prompt=[1, 2, 3], max_new_tokens=2)], Full(), num_blocks=8,
               block_size=4, max_tokens_per_step=8)
+
+
+def _phi3_longrope(limit: int = 32):
+    """Tiny Phi-3 with longrope whose short/long switch sits at `limit` positions (no window)."""
+    from transformers import AutoModelForCausalLM
+
+    from kvbench.models.base import finish
+    from kvbench.models.tiny import byte_tokenizer
+
+    cfg = tiny_config("phi3-window")
+    cfg.sliding_window = None
+    cfg.rope_parameters = {**cfg.rope_parameters, "original_max_position_embeddings": limit}
+    cfg.original_max_position_embeddings = limit
+    torch.manual_seed(0)
+    m = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    m.generation_config.eos_token_id, m.generation_config.pad_token_id = cfg.eos_token_id, cfg.pad_token_id
+    return finish(m, byte_tokenizer(), "tiny-phi3-longrope")
+
+
+def test_length_dependent_rope_is_one_forward_or_refused(prompts, monkeypatch):
+    """longrope picks short or long factors from the largest position of each forward (switch at 32 here).
+    A 70-token prompt equals transformers in one forward; prefilled in chunks it would not (checked with the check
+    switched off), so kvbench refuses it. A sequence that crosses the switch while decoding is refused too:
+    transformers' Phi-3 drops its cache and recomputes everything with the long factors there. Sequences below
+    the switch equal transformers in chunks."""
+    lm = _phi3_longrope()
+    assert family.rope_length_limit(lm.model.config) == 32
+    ref = hf_generate(lm.model, prompts)
+    assert run(lm, prompts).token_ids == ref  # the whole prompt in one forward, as transformers
+    with pytest.raises(ConfigError, match="in chunks"):
+        run(lm, prompts, prefill_chunk=16)
+    crossing = [p[:30] for p in prompts]  # 30 + 10 new tokens: crosses 32 while decoding
+    with pytest.raises(ConfigError, match="recomputes"):
+        run(lm, crossing)
+    monkeypatch.setattr(family, "check_length_rope", lambda *a: None)
+    assert run(lm, prompts, prefill_chunk=16).token_ids != ref  # the defects the refusals prevent
+    assert run(lm, crossing).token_ids != hf_generate(lm.model, crossing)
+    monkeypatch.undo()
+    below = [p[:20] for p in prompts]  # 20 + 10 new: never past the switch
+    assert run(lm, below, prefill_chunk=8).token_ids == hf_generate(lm.model, below)
+
+
+@pytest.mark.parametrize("extra,fragment", [
+    (["policy=batch_max", "policy.kv_size=64", "policy.evict_every=16"], "in chunks"),  # prompts past the switch
+    (["mode=serve", "policy=full"], "serve mode mixes requests"),
+])
+def test_cli_refuses_a_length_dependent_rope_before_loading(extra, fragment, capsys, tmp_path, monkeypatch):
+    import transformers
+
+    from kvbench import preflight
+    from kvbench.cli import main
+    from tests.conftest import assert_one_line_exit_2
+
+    cfg = _phi3_longrope().model.config
+    monkeypatch.setattr(preflight, "model_config", lambda _cfg: cfg)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("weights were built")))
+    assert_one_line_exit_2(main, ["model=tiny-phi3", "task=passkey", "task.n_samples=1", *extra,
+                                  f"results_dir={tmp_path}"], capsys, fragment)

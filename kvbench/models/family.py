@@ -189,6 +189,46 @@ def rope_problem(config) -> str | None:
     return None
 
 
+def rope_length_limit(config) -> int | None:
+    """The longest sequence over which this model's RoPE keeps one set of frequencies (None: any length).
+
+    transformers' `dynamic` and `longrope` RoPE pick their frequencies from the largest position in each
+    forward (`dynamic_rope_update`): past `original_max_position_embeddings` (longrope) or
+    `max_position_embeddings` (dynamic) they change.
+    """
+    cfg = _text(config)
+    kinds_ = rope_kind(config).split("+")
+    params = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    if "longrope" in kinds_:
+        limit = params.get("original_max_position_embeddings") if isinstance(params, dict) else None
+        return limit or getattr(cfg, "original_max_position_embeddings", None) or cfg.max_position_embeddings
+    if "dynamic" in kinds_:
+        return cfg.max_position_embeddings
+    return None
+
+
+def check_length_rope(config, shortest: int, longest: int, max_new_tokens: int, chunked: bool) -> None:
+    """ConfigError unless kvbench computes transformers' RoPE for prompts of `shortest`..`longest` tokens.
+
+    Past `rope_length_limit`, a prompt prefilled in several forwards (`chunked`) would see other frequencies in
+    its early chunks than transformers' single forward gives every position. With longrope, transformers'
+    `generate` also drops its cache and recomputes the whole sequence with the long factors at the step a
+    sequence crosses the limit (Phi-3's `prepare_inputs_for_generation`), which no cache that evicts can do.
+    """
+    limit = rope_length_limit(config)
+    if limit is None or longest + (max_new_tokens if "longrope" in rope_kind(config) else 0) <= limit:
+        return
+    head = f"model family {family_of(config)!r} has {rope_kind(config)} RoPE, whose frequencies change past {limit} positions"
+    if "longrope" in rope_kind(config) and shortest <= limit:
+        raise ConfigError("gen.max_new_tokens", f"{head}; transformers recomputes a sequence that crosses it, which "
+                          f"kvbench cannot (prompts of {shortest}-{longest} tokens + {max_new_tokens} new)",
+                          max_new_tokens)
+    if chunked:
+        raise ConfigError("gen.prefill_chunk", f"{head}; a {longest}-token prompt prefilled in chunks would not be "
+                          "the model's attention (prefill it in one forward: policy.schedule=decode_only with "
+                          "gen.prefill_chunk=null)", "chunked")
+
+
 def check_policy(config, policy, seq_len: int | None = None) -> ModelKinds:
     """A model kvbench runs exactly under `policy` (kvbench.policies.Policy) on sequences of at most `seq_len`
     tokens (None: any), else ConfigError (one line, exit code 2): a refused family, an evicting policy on a model
