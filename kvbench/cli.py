@@ -79,46 +79,51 @@ def policy_knobs(overrides: list[str]) -> list[str]:
 
 def preflight(argv: list[str]) -> list[str]:
     """Compose and validate every job of the command line; raise on the first bad one. Returns the command
-    line Hydra is to run: in a sweep, a `policy.<key>=...` that some job's policy has not got is forced
-    (`++policy.<key>=...`), so the sweep composes and each job's run drops what its policy does not use
-    (`kvbench.config.drop_inapplicable`); a policy key no job's policy uses is refused."""
-    from hydra import compose, initialize_config_dir
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    from kvbench.config import CONF_DIR, drop_inapplicable, validate
+    line Hydra is to run (`compose_jobs`)."""
+    from kvbench.config import validate
+    from kvbench.errors import ConfigError
     from kvbench.preflight import check_run
 
     overrides, multirun, config_name, runs = split_argv(argv)
     if any(a in HELP_FLAGS for a in argv):
         return argv
     if multirun and not runs:  # Hydra's own refusal is a traceback
-        from kvbench.errors import ConfigError
-
         raise ConfigError("--cfg", "prints the config of one run: it cannot be combined with -m (drop -m and give "
                           "each key one value)")
+    argv, jobs = compose_jobs(argv)
+    for job, cfg, _ in jobs if runs else []:
+        if cfg.search.max_batch and any(o.split("=", 1)[0].lstrip("+~") == "batch_size" for o in job):
+            raise ConfigError("batch_size", "conflicts with search.max_batch=true (the search picks the batch size)")
+        validate(cfg)
+    for _, cfg, _ in jobs if runs else []:  # every job's config first: a refused sweep writes nothing
+        check_run(cfg)
+    return argv
+
+
+def compose_jobs(argv: list[str]) -> tuple[list[str], list[tuple[list[str], object, list[str]]]]:
+    """The config of every job of a command line (at most MAX_PREFLIGHT_JOBS), and the command line Hydra is to
+    run. In a sweep, each job's policy keys its policy does not use are dropped (`kvbench.config.drop_inapplicable`,
+    as the job's run will): each job is (its overrides, its config, the keys dropped); a `policy.<key>=...` that
+    some job's policy has not got is forced in the returned command line (`++policy.<key>=...`), so that Hydra
+    composes every job; a policy key no job's policy uses is refused (`check_knobs`)."""
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from kvbench.config import CONF_DIR, drop_inapplicable
+
+    overrides, multirun, config_name, _ = split_argv(argv)
     knobs = policy_knobs(overrides) if multirun else []
-    parser = OverridesParser.create()
-    parsed = parser.parse_overrides([f"++{o}" if o in knobs else o for o in overrides])
+    parsed = OverridesParser.create().parse_overrides([f"++{o}" if o in knobs else o for o in overrides])
     if multirun:
         jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch][:MAX_PREFLIGHT_JOBS]
     else:
         jobs = [overrides]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="kvbench"):
-        cfgs = [(job, compose(config_name=config_name, overrides=list(job))) for job in jobs]
-    forced = check_knobs(knobs, [cfg for _, cfg in cfgs])
-    for job, cfg in cfgs:
-        if not runs:
-            continue
-        if cfg.search.max_batch and any(o.split("=", 1)[0].lstrip("+~") == "batch_size" for o in job):
-            from kvbench.errors import ConfigError
-
-            raise ConfigError("batch_size", "conflicts with search.max_batch=true (the search picks the batch size)")
-        if multirun:
-            drop_inapplicable(cfg)
-        validate(cfg)
-        check_run(cfg)
-    return [f"++{a}" if a in forced else a for a in argv]
+        cfgs = [compose(config_name=config_name, overrides=list(job)) for job in jobs]
+    forced = check_knobs(knobs, cfgs)
+    return ([f"++{a}" if a in forced else a for a in argv],
+            [(list(job), cfg, drop_inapplicable(cfg) if multirun else []) for job, cfg in zip(jobs, cfgs, strict=True)])
 
 
 def check_knobs(knobs: list[str], cfgs: list) -> set[str]:
