@@ -124,9 +124,13 @@ def data_dir(tmp_path_factory) -> str:
     """The mirror `data.dir=../shared/data` names: the real one next to the checkout, else a tiny one."""
     if (ROOT / SHARED_DATA).is_dir():
         return SHARED_DATA
-    from tests.test_tasks import write_mirror
+    from tests.test_tasks import cnndm_rows, gsm8k_rows, narrativeqa_rows, write_jsonl, write_mirror
 
-    return str(write_mirror(tmp_path_factory.mktemp("data")))
+    root = write_mirror(tmp_path_factory.mktemp("data"))
+    for folder, rows in (("cnn_dailymail", cnndm_rows("test", 32)), ("narrativeqa", narrativeqa_rows("test", 16)),
+                         ("gsm8k", gsm8k_rows("test", 32))):  # as many test rows as a documented command takes
+        write_jsonl(root / folder / "test.jsonl", rows, gz=True)
+    return str(root)
 
 
 @pytest.fixture
