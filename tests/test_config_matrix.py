@@ -253,6 +253,9 @@ def check_record(c: Combo, rec: dict, spy: Spy) -> None:
     p = 1 if c.policy == "extreme_decode" else EVICT_EVERY
     assert rec["evict_every"] == (p if c.evicts and not serve and c.schedule != "after_prefill" else None)
     assert rec["schedule"] == (c.schedule if c.evicts else None)
+    # a single run of full takes the schedule it never uses: reset to its default, listed (docs: Sweeps)
+    assert rec["ignored_keys"] == (["policy.schedule"] if not c.evicts and c.schedule != "prefill_and_decode" else [])
+    assert rec["config"]["policy"]["schedule"] == (c.schedule if c.evicts else "prefill_and_decode")
     if not c.evicts:
         assert rec["kv_budget"] is None and spy.evictions == 0
     elif serve:
@@ -281,7 +284,7 @@ def check_wandb(c: Combo, rec: dict, fake: FakeWandb) -> None:
     (run,) = fake.runs
     ident = run.kw["config"]["kvbench"]
     for key in ("run_id", "config_hash", "mode", "policy", "kv_size", "kv_ratio", "compression_ratio", "evict_every", "schedule",
-                "batch_size", "attention", "extensions", "model", "weights"):
+                "batch_size", "attention", "extensions", "ignored_keys", "model", "weights"):
         assert ident[key] == rec[key], key
     assert ident["mode"] == c.mode and run.kw["config"]["mode"] == c.mode  # the resolved config too
     s = run.summary
