@@ -163,6 +163,8 @@ def check_kvbench(cmd: Command, args: list[str], monkeypatch, request) -> None:
     shown = [ln for ln in cmd.output if ln.startswith(f"{prog}: error:")]
     if not shown:
         request.getfixturevalue("no_writes_no_hub")
+    else:  # shown refused: the same on any machine (a Hub model is never in this machine's cache)
+        monkeypatch.setenv("HF_HUB_CACHE", str(request.getfixturevalue("tmp_path") / "empty-hub-cache"))
     check = plan.preflight if prog == "kvbench-plan" else cli.preflight
     try:
         check(args)
