@@ -18,6 +18,7 @@ HELP_FLAGS = {"-h", "--help", "--hydra-help", "--info", "-i", "--version", "-sc"
 VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd"}
 MAX_PREFLIGHT_JOBS = 1000
 log = logging.getLogger("kvbench")
+_swept: dict[str, str] = {}  # config_hash -> run_id of the jobs this process's sweep ran
 
 
 def split_argv(argv: list[str]) -> tuple[list[str], bool, str, bool]:
@@ -71,36 +72,80 @@ def _message(e: BaseException) -> str:
     return text or type(e).__name__
 
 
-def preflight(argv: list[str]) -> None:
-    """Compose and validate every job of the command line; raise on the first bad one."""
-    from hydra import compose, initialize_config_dir
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+def policy_knobs(overrides: list[str]) -> list[str]:
+    """The plain `policy.<key>=...` overrides of a command line (not `+`/`++`/`~` ones)."""
+    return [o for o in overrides if "=" in o and o.split("=", 1)[0].startswith("policy.")]
 
-    from kvbench.config import CONF_DIR, validate
+
+def preflight(argv: list[str]) -> list[str]:
+    """Compose and validate every job of the command line; raise on the first bad one. Returns the command
+    line Hydra is to run (`compose_jobs`)."""
+    from kvbench.config import validate
+    from kvbench.errors import ConfigError
     from kvbench.preflight import check_run
 
     overrides, multirun, config_name, runs = split_argv(argv)
     if any(a in HELP_FLAGS for a in argv):
-        return
-    parser = OverridesParser.create()
-    parsed = parser.parse_overrides(overrides)
+        return argv
+    if multirun and not runs:  # Hydra's own refusal is a traceback
+        raise ConfigError("--cfg", "prints the config of one run: it cannot be combined with -m (drop -m and give "
+                          "each key one value)")
+    argv, jobs = compose_jobs(argv)
+    for job, cfg, _ in jobs if runs else []:
+        if cfg.search.max_batch and any(o.split("=", 1)[0].lstrip("+~") == "batch_size" for o in job):
+            raise ConfigError("batch_size", "conflicts with search.max_batch=true (the search picks the batch size)")
+        validate(cfg)
+    for _, cfg, _ in jobs if runs else []:  # every job's config first: a refused sweep writes nothing
+        check_run(cfg)
+    return argv
+
+
+def compose_jobs(argv: list[str]) -> tuple[list[str], list[tuple[list[str], object, list[str]]]]:
+    """The config of every job of a command line (at most MAX_PREFLIGHT_JOBS), and the command line Hydra is to
+    run. In a sweep, each job's policy keys its policy does not use are dropped (`kvbench.config.drop_inapplicable`,
+    as the job's run will): each job is (its overrides, its config, the keys dropped); a `policy.<key>=...` that
+    some job's policy has not got is forced in the returned command line (`++policy.<key>=...`), so that Hydra
+    composes every job; a policy key no job's policy uses is refused (`check_knobs`)."""
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from kvbench.config import CONF_DIR, drop_inapplicable
+
+    overrides, multirun, config_name, _ = split_argv(argv)
+    knobs = policy_knobs(overrides) if multirun else []
+    parsed = OverridesParser.create().parse_overrides([f"++{o}" if o in knobs else o for o in overrides])
     if multirun:
         jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch][:MAX_PREFLIGHT_JOBS]
     else:
         jobs = [overrides]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="kvbench"):
-        for job in jobs:
-            cfg = compose(config_name=config_name, overrides=list(job))
-            if runs:
-                if cfg.search.max_batch and any(o.split("=", 1)[0].lstrip("+~") == "batch_size" for o in job):
-                    from kvbench.errors import ConfigError
+        cfgs = [compose(config_name=config_name, overrides=list(job)) for job in jobs]
+    forced = check_knobs(knobs, cfgs)
+    return ([f"++{a}" if a in forced else a for a in argv],
+            [(list(job), cfg, drop_inapplicable(cfg) if multirun else []) for job, cfg in zip(jobs, cfgs, strict=True)])
 
-                    raise ConfigError(
-                        "batch_size", "conflicts with search.max_batch=true (the search picks the batch size)"
-                    )
-                validate(cfg)
-                check_run(cfg)
+
+def check_knobs(knobs: list[str], cfgs: list) -> set[str]:
+    """A sweep's `policy.<key>=...` overrides against its jobs' policies: one that no job's policy uses but
+    some job would have to ignore is refused (a typo stays an error); returns those some job's policy has not
+    got (Hydra must add them there: `++`)."""
+    from hydra.utils import get_class
+
+    from kvbench.config import policy_defaults, policy_key_use
+    from kvbench.errors import ConfigError
+
+    forced = set()
+    for knob in knobs:
+        path, value = knob.split("=", 1)
+        key = path.removeprefix("policy.")
+        uses = {policy_key_use(cfg, key) for cfg in cfgs}
+        if "applies" not in uses and "ignored" in uses:
+            names = sorted({getattr(get_class(cfg.policy._target_), "name", "?") for cfg in cfgs})
+            raise ConfigError(path, f"no policy of this sweep uses it ({', '.join(names)})", value)
+        if any(key not in policy_defaults().get(cfg.policy.get("_target_"), {}) for cfg in cfgs):
+            forced.add(knob)
+    return forced
 
 
 def _hydra_entry() -> None:
@@ -118,8 +163,20 @@ def _hydra_entry() -> None:
         multirun = HydraConfig.get().mode == RunMode.MULTIRUN
         if cfg.skip_existing is None:  # a re-run sweep resumes: runs already recorded ok/oom are skipped
             cfg.skip_existing = multirun
+        if multirun:  # a job that is an earlier one of this sweep once its ignored keys are dropped: run once
+            import copy
+
+            from kvbench.config import config_hash, drop_inapplicable
+
+            same = copy.deepcopy(cfg)
+            ignored = drop_inapplicable(same)
+            done = _swept.get(config_hash(same))
+            if done is not None:
+                log.info("skip: this job is run %s of this sweep%s", done,
+                         f" (its policy does not use {', '.join(ignored)})" if ignored else "")
+                return
         try:
-            record = run(cfg)
+            record = run(cfg, sweep=multirun)
         except ConfigError as e:  # bad input found only once the model is loaded (a budget below its weights)
             print(f"kvbench: error: {e}", file=sys.stderr)
             sys.exit(2)
@@ -135,6 +192,8 @@ def _hydra_entry() -> None:
         }
         if record.get("search"):
             summary["search"] = {k: v for k, v in record["search"].items() if k != "trials"}
+        if multirun:
+            _swept[record["config_hash"]] = record.get("run_id")
         print("kvbench:", json.dumps(summary, default=str), flush=True)
         if record["status"] == "error" and HydraConfig.get().mode != RunMode.MULTIRUN:
             print(f"kvbench: run failed: {record['error']}", file=sys.stderr)
@@ -143,10 +202,11 @@ def _hydra_entry() -> None:
     app()
 
 
-def checked(check, argv: list[str], prog: str) -> None:
-    """Run a command's preflight `check(argv)`; any composition or validation error: one line, exit 2."""
+def checked(check, argv: list[str], prog: str):
+    """Run a command's preflight `check(argv)` and return what it returns; any composition or validation
+    error: one line, exit 2."""
     try:
-        check(argv)
+        return check(argv)
     except Exception as e:
         print(f"{prog}: error: {_message(e)}", file=sys.stderr)
         sys.exit(2)
@@ -164,10 +224,10 @@ def quiet_interrupt(entry, prog: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ["KVBENCH_LAUNCHER_PID"] = str(os.getpid())  # Hydra's run/sweep dirs are per process
+    _swept.clear()  # a new command: a new sweep
 
     def entry() -> None:
-        checked(preflight, argv, "kvbench")
-        sys.argv = [sys.argv[0], *argv]
+        sys.argv = [sys.argv[0], *checked(preflight, argv, "kvbench")]
         _hydra_entry()
 
     quiet_interrupt(entry, "kvbench")

@@ -38,7 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 import kvbench
 from kvbench import engine, memory, preflight, results, search
 from kvbench.attention import resolve_backend
-from kvbench.config import SERVE_MODES, build_policy, build_task, config_hash, validate
+from kvbench.config import SERVE_MODES, build_policy, build_task, config_hash, drop_inapplicable, validate
 from kvbench.errors import ConfigError, OutOfMemory
 from kvbench.memory import is_oom
 from kvbench.models import family, weights_format
@@ -150,6 +150,7 @@ def new_record(cfg: DictConfig, policy, task) -> dict:
         "model_family": None,  # the model's family and attention kinds (kvbench.models.family), once it is loaded
         "compressed_layers": None,  # the decoder layers the policy compressed (windowed layers keep their window)
         "extensions": [],
+        "ignored_keys": [],  # policy keys this run's policy does not use, reset to its defaults (kvbench.config)
         "notes": [],
         "logger": None,
         "prompts": None,
@@ -347,18 +348,26 @@ MODES = {"run": run_static, "serve": serve_run.execute, "prompt_report": prompt_
 NO_MODEL = ("serve_limits",)  # modes that count without loading the model
 
 
-def run(cfg: DictConfig, lm: LoadedModel | None = None) -> dict:
+def run(cfg: DictConfig, lm: LoadedModel | None = None, sweep: bool = False) -> dict:
     """Run one configuration and append its record; returns the record (also on oom / error).
+
+    The policy keys its policy does not use are reset to the policy's defaults and named in the record's
+    `ignored_keys` (not part of its identity): in a sweep (`sweep`) any of them, before validation (full in
+    `-m policy=full,h2o policy.kv_size=128`); in a single run only what validation accepts (a budget for full
+    is refused there).
 
     Bad input (a ConfigError: from the preflight, or found once the model is loaded, such as a budget
     below its weights) leaves no record and is raised. SIGTERM and SIGINT leave an `interrupted` record,
     then stop the process (exit code 143 / 130). RecordNotWritten: the results folder failed after the
     run; everything went to a rescue folder it names.
     """
+    ignored = drop_inapplicable(cfg) if sweep else []
     validate(cfg)
+    ignored = ignored or drop_inapplicable(cfg)
     prompts = preflight.check_run(cfg)  # no model: the results folder, the model's files, prompts, serve's pool
     policy, task = build_policy(cfg), build_task(cfg)
     record = new_record(cfg, policy, task)
+    record["ignored_keys"] = ignored
     budget = memory.budget_of(cfg)
     claim = None
     if cfg.skip_existing:

@@ -30,7 +30,7 @@ log = logging.getLogger("kvbench")
 
 IDENTITY = ("run_id", "config_hash", "experiment", "mode", "model", "weights", "task", "policy", "kv_size", "kv_ratio", "compression_ratio",
             "evict_every", "schedule", "batch_size", "n_samples", "max_new_tokens", "seed", "device", "attention",
-            "extensions", "kvbench_version", "git_sha")
+            "extensions", "ignored_keys", "kvbench_version", "git_sha")
 SUMMARY = ("status", "error", "oom_kind", "throughput_tok_s", "prefill_s", "decode_s", "wall_s", "evict_s",
            "attn_stats_s", "generated_tokens", "peak_kv_bytes", "peak_mem_bytes", "accounted_mem_bytes")
 NESTED = ("kv_budget", "serve", "serve_limits")  # record fields whose scalars (and percentiles) go to the summary as "field/key"

@@ -12,6 +12,10 @@ rules alone (docs: "What is refused, and why"):
   gives;
 - or a run whose record is true (tests/test_config_matrix.py checks it against spies on what ran).
 
+Sweeps over policies (`SWEEPS`): one policy key applies to the policies of a sweep that use it (`uses`, from
+the docs' table of keys: full uses none, extreme_decode fixes its budget kind, p and schedule, a policy's
+own knobs are its own) and is ignored by the others (reset to their defaults, named in `ignored_keys`).
+
 `pairwise(seed)`: every pair of axis values that can run together runs together at least once (a
 greedy cover of the accepted combinations, seeded), plus, for every pair that can never run together,
 one refused combination holding it (the one breaking the fewest rules, so its message is specific).
@@ -51,6 +55,31 @@ PUBLISHED_SCHEDULE = {"batch_max": "prefill_and_decode", "h2o": "decode_only", "
 ONE_PER_TOKEN = ("h2o", "tova", "streaming_llm")
 GQA_NOTE = {"batch_max": "gqa_group_mean", "h2o": "gqa_group_mean", "snapkv": "GQA models",
             "pyramidkv": "GQA models"}
+
+
+# the policy keys the docs list (CLI and configuration): every policy's, and each policy's own
+COMMON_KEYS = ("kv_size", "kv_ratio", "compression_ratio", "evict_every", "schedule", "protect_first", "protect_recent",
+               "rerotate")
+OWN_KEYS = {"snapkv": ("window", "kernel", "pooling", "pool_window"),
+            "pyramidkv": ("window", "kernel", "pooling", "pool_window", "beta", "budget_rule"),
+            "random": ("seed",), "tova": ("per_kv_head",)}
+NOT_USED = {"full": COMMON_KEYS,  # it never evicts
+            "extreme_decode": ("kv_ratio", "compression_ratio", "evict_every", "schedule")}  # Algorithm 2 fixes them
+# sweeps over the policies with keys some use and some do not (values away from every policy's default); each
+# leaves out the policies that refuse one of its values (pyramidkv: rerotate; extreme_decode: protection > 1 pair)
+SWEEPS = {
+    "budget-knobs": (POLICIES, {"kv_size": 48, "evict_every": 8, "schedule": "after_prefill", "window": 16, "kernel": 3,
+                                "pooling": "max", "pool_window": True, "beta": 2, "budget_rule": "window_plus",
+                                "seed": 1, "per_kv_head": True}),
+    "kv_ratio-rerotate": (tuple(p for p in POLICIES if p != "pyramidkv"), {"kv_ratio": KV_RATIO, "rerotate": True}),
+    "compression-protect": (tuple(p for p in POLICIES if p != "extreme_decode"),
+                            {"compression_ratio": COMPRESSION_RATIO, "protect_first": 2, "protect_recent": 2}),
+}
+
+
+def uses(policy: str, key: str) -> bool:
+    """Whether `policy` uses its key `policy.<key>` (docs: Sweeps, keys a policy does not use)."""
+    return key in OWN_KEYS.get(policy, ()) or (key in COMMON_KEYS and key not in NOT_USED.get(policy, ()))
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,10 @@ what really ran (not against the code that wrote it):
   (tests/matrix.py's table of departures);
 - the W&B run (a stand-in `wandb` module) carries the same identity and summary, budgets and serving
   metrics included.
+
+A sweep over every policy with keys only some of them use (tests/matrix.py's SWEEPS) composes, passes the
+preflight, and gives each job its policy's own config with exactly the keys it uses; the others are named
+as ignored.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from hydra import compose, initialize_config_dir
 from kvbench import attention as static_attention
 from kvbench import cli, runner
 from kvbench.cache import KVCache
-from kvbench.config import CONF_DIR
+from kvbench.config import CONF_DIR, validate
 from kvbench.engine import _Batch
 from kvbench.results import read_jsonl, read_records
 from kvbench.serve import attention as paged_attention
@@ -50,11 +54,13 @@ from tests.matrix import (
     NEW_TOKENS,
     QUESTIONS,
     SAMPLES,
+    SWEEPS,
     Combo,
     expected_extensions,
     pairwise,
     product,
     refusal,
+    uses,
 )
 
 FULL = os.environ.get("KVBENCH_MATRIX") == "full"
@@ -247,6 +253,9 @@ def check_record(c: Combo, rec: dict, spy: Spy) -> None:
     p = 1 if c.policy == "extreme_decode" else EVICT_EVERY
     assert rec["evict_every"] == (p if c.evicts and not serve and c.schedule != "after_prefill" else None)
     assert rec["schedule"] == (c.schedule if c.evicts else None)
+    # a single run of full takes the schedule it never uses: reset to its default, listed (docs: Sweeps)
+    assert rec["ignored_keys"] == (["policy.schedule"] if not c.evicts and c.schedule != "prefill_and_decode" else [])
+    assert rec["config"]["policy"]["schedule"] == (c.schedule if c.evicts else "prefill_and_decode")
     if not c.evicts:
         assert rec["kv_budget"] is None and spy.evictions == 0
     elif serve:
@@ -275,7 +284,7 @@ def check_wandb(c: Combo, rec: dict, fake: FakeWandb) -> None:
     (run,) = fake.runs
     ident = run.kw["config"]["kvbench"]
     for key in ("run_id", "config_hash", "mode", "policy", "kv_size", "kv_ratio", "compression_ratio", "evict_every", "schedule",
-                "batch_size", "attention", "extensions", "model", "weights"):
+                "batch_size", "attention", "extensions", "ignored_keys", "model", "weights"):
         assert ident[key] == rec[key], key
     assert ident["mode"] == c.mode and run.kw["config"]["mode"] == c.mode  # the resolved config too
     s = run.summary
@@ -309,3 +318,21 @@ def test_the_cover_holds_every_pair_and_each_refusal_rule():
     assert {("batch_size",), ("gen.attention",), ("policy.kv_ratio",), ("policy.compression_ratio",),
             ("policy.rerotate",), ("policy.schedule",), ("serve.block_size",), ("policy",)} <= singles
     assert len(COMBOS) <= 130 or FULL
+
+
+@pytest.mark.parametrize("name", list(SWEEPS))
+def test_a_sweep_over_the_policies_applies_each_key_where_it_is_used(name, tmp_path):
+    from omegaconf import OmegaConf
+
+    policies, keys = SWEEPS[name]
+    value = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in keys.items()}
+    args = ["-m", f"policy={','.join(policies)}", *(f"policy.{k}={v}" for k, v in value.items()), "model=tiny-llama",
+            "task.n_samples=2", "task.context_tokens=96", f"results_dir={tmp_path}"]
+    _, jobs = cli.compose_jobs(args)  # the sweep composes (the preflight's first step)
+    assert len(jobs) == len(policies)
+    for policy, (_, cfg, ignored) in zip(policies, jobs, strict=True):
+        validate(cfg)  # and every job is accepted
+        own = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "policy" / f"{policy}.yaml"))
+        want = {**own, **{k: v for k, v in keys.items() if uses(policy, k)}}
+        assert OmegaConf.to_container(cfg.policy) == want, policy
+        assert ignored == sorted(f"policy.{k}" for k in keys if not uses(policy, k)), policy

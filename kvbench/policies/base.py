@@ -102,6 +102,9 @@ class Policy:
     # newest pairs; KVCache.evict slices them into place instead of scoring, sorting and gathering
     keeps_newest: ClassVar[bool] = False
     needs_keys: ClassVar[bool] = False
+    # keys of the policy's config that play no part in what it runs (full: every budget and schedule key): in a
+    # sweep they are reset to the policy's own defaults and named in the record's `ignored_keys` (kvbench.config)
+    inert_keys: ClassVar[tuple[str, ...]] = ()
 
     @property
     def query_window(self) -> int:

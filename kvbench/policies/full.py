@@ -10,6 +10,8 @@ from kvbench.policies.base import Policy
 @dataclass
 class Full(Policy):
     name: ClassVar[str] = "full"
+    inert_keys: ClassVar[tuple[str, ...]] = ("kv_size", "kv_ratio", "compression_ratio", "evict_every", "schedule",
+                                             "protect_first", "protect_recent", "rerotate")  # it never evicts
 
     def validate(self) -> None:
         if self.kv_size is not None:

@@ -30,9 +30,10 @@ class Row:
     ci: tuple[float, float] | None = field(default=None, compare=False)  # the metric's 95% bootstrap interval
     run_id: str | None = field(default=None, compare=False)
     serve: bool = False  # a mode=serve run: no batch size (the scheduler batches), b is 0
+    budget: str | None = None  # a per-prompt budget instead of kv: "cr=0.5" (compression_ratio), "kv_ratio=0.5"
 
     def cells(self) -> list[str]:
-        kv = "-" if self.kv is None else str(self.kv)
+        kv = (self.budget or "-") if self.kv is None else str(self.kv)
         if self.oom:
             return [self.method, f"(b={self.b} OOM)", kv, "-", "-"]
         b = "serve" if self.serve else str(self.b)
@@ -75,7 +76,15 @@ def method_rank(method: str) -> tuple:
 
 
 def order(r: Row) -> tuple:
-    return (method_rank(r.method), r.kv or 0, r.b, r.oom)
+    return (method_rank(r.method), r.kv or 0, r.budget or "", r.b, r.oom)
+
+
+def budget_of(rec: dict) -> str | None:
+    """A run's per-prompt budget as its kv cell ("cr=0.5", "kv_ratio=0.5"); None for a kv_size or none."""
+    for key, shown in (("compression_ratio", "cr"), ("kv_ratio", "kv_ratio")):
+        if _number(rec.get(key)):
+            return f"{shown}={rec[key]:g}"
+    return None
 
 
 def _int(v) -> int | None:

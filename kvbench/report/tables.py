@@ -14,6 +14,7 @@ from kvbench.report.rows import (
     Row,
     _int,
     _number,
+    budget_of,
     default_schedules,
     line,
     method_of,
@@ -69,7 +70,8 @@ class Table:
 
     def first_oom(self, row: Row) -> Row | None:
         """The smallest known OOM batch above `row` for the same method and kv."""
-        above = [o for o in self.ooms if o.method == row.method and o.kv == row.kv and o.b > row.b]
+        above = [o for o in self.ooms if o.method == row.method and (o.kv, o.budget) == (row.kv, row.budget)
+                 and o.b > row.b]
         return min(above, key=lambda o: o.b) if above else None
 
     def summary(self) -> list[tuple[str, Row]]:
@@ -130,7 +132,7 @@ class Table:
                 exact = with_ci(a["exact"], a["exact_ci"], 2) if a else "-"
             ln = self.lengths.get(r.run_id)
             size = f"{ln['mean']:.1f} / {ln['median']:g} / {ln['max']}" if ln else "-"
-            lines.append(line([r.method, str(r.b), "-" if r.kv is None else str(r.kv), diff, agree, exact, size]))
+            lines.append(line([r.method, str(r.b), r.cells()[2], diff, agree, exact, size]))
         return [*lines, ""]
 
     def markdown(self, plots: list[str]) -> str:
@@ -181,6 +183,7 @@ def tables(records: list[dict], near_fkv: float, results_dir: str | Path | None 
         for r in recs:
             serve = r.get("mode") == "serve"
             m, kv, b = method_of(r, defaults), r.get("kv_size"), 0 if serve else _int(r.get("batch_size"))
+            per_prompt = budget_of(r)
             search = r.get("search") or {}
             labelled.append((m, r))
             first = _int(search.get("first_oom_batch_size"))
@@ -188,14 +191,14 @@ def tables(records: list[dict], near_fkv: float, results_dir: str | Path | None 
                 # nothing fitted when the search found no batch size: the oom is its first (smallest) trial
                 b = first if search and search.get("max_batch_size") is None else b
                 if b is not None:
-                    ooms.add(Row(m, b, kv, oom=True))
+                    ooms.add(Row(m, b, kv, oom=True, budget=per_prompt))
             elif b is not None and _number(r.get("throughput_tok_s")) and _number((r.get("metrics") or {}).get(metric)):
                 samples = compare.load(r, results_dir, cache) if results_dir is not None else None
                 ci = compare.metric_ci(r, metric, samples)
                 runs.append(Row(m, b, kv, r["metrics"][metric], r["throughput_tok_s"], ci=ci, run_id=r.get("run_id"),
-                                serve=serve))
+                                serve=serve, budget=per_prompt))
             if first:
-                ooms.add(Row(m, first, kv, oom=True))
+                ooms.add(Row(m, first, kv, oom=True, budget=per_prompt))
         t = Table(key, metric, runs, sorted(ooms, key=order), labelled, near_fkv, differs[key],
                   titles.count((key[:4], key[5])) == 1)
         if results_dir is not None:
