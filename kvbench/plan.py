@@ -321,12 +321,13 @@ def table(record: dict) -> str:
     p = record["plan"]
     layers = " / ".join(f"{d} {n}" for d, n in sorted(p["model"]["layers"].items()))
     weights = " / ".join(f"{w / memory.GiB:.2f}" for _, w in sorted(p["model"]["weights_bytes"].items()))
+    kv, plain = p["model"]["kv_bytes_one_sample"], p["model"]["kv_bytes_one_sample_without_windows"]
     lines = [
         f"kvbench-plan: {record['model']} ({p['model']['dtype']}, {p['model']['parameters'] / 1e9:.2f}B parameters)"
         f" on {record['device']}, reserve {p['node']['reserve_gb']:g} GiB per device",
         f"  layers {layers}; weights {weights} GiB; {p['model']['attention_kinds']}",
-        f"  full KV cache of one longest sample: {p['model']['kv_bytes_one_sample'] / 2**20:.1f} MiB"
-        f" ({p['model']['kv_bytes_one_sample_without_windows'] / 2**20:.1f} MiB if no layer had a window)",
+        f"  full KV cache of one longest sample: {kv / 2**20:.1f} MiB"
+        + (f" ({plain / 2**20:.1f} MiB if no layer had a window)" if plain != kv else ""),
         f"  {record['task']}: prompts {p['prompts']['tokens_min']}-{p['prompts']['tokens_max']} tokens"
         f" ({p['prompts']['source']}), {record['max_new_tokens']} new tokens; batch sizes from {len(p['candidates'])}"
         " candidates",
