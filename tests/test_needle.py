@@ -24,7 +24,7 @@ def test_needle_sweep_records_and_heatmaps(tmp_path, monkeypatch, capsys):
         (560, 0.0), (560, 1.0), (700, 0.0), (700, 1.0)}
     grids = heatmap.cells(recs)
     assert len(grids) == 2  # one per policy
-    for (model, task, label), grid in grids.items():
+    for (_model, task, label), grid in grids.items():
         assert task == "niah_single_1" and set(grid) == {(0.0, 560), (1.0, 560), (0.0, 700), (1.0, 700)}
         for r in recs:
             t = r["config"]["task"]
