@@ -16,8 +16,9 @@ kvbench's one-line error before the model loads.
 Generation requests (`generate_until`) run through kvbench's engine at lm_eval's `--batch_size`, in the
 order lm_eval gives them (left-padded batches, the policy evicting during prefill and decode as
 configured), greedy only: a task asking for sampling is refused. The generation is cut at the request's
-`until` strings (and EOS). Log-likelihood requests (`loglikelihood`, `loglikelihood_rolling`: multiple-
-choice and perplexity tasks) are refused with one line: kvbench's engine scores no continuations yet.
+`until` strings (and EOS). Log-likelihood requests (multiple choice) score the continuation against the
+compressed cache of its context (kvbench.continuation: the context compressed first, the continuation never
+evicted); `loglikelihood_rolling` (perplexity) is refused with one line.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from kvbench.errors import ConfigError
 
 OWN_KEYS = {"model": "model", "policy": "policy", "device": "device", "dtype": "model.dtype",
             "attention": "gen.attention", "prefill_chunk": "gen.prefill_chunk"}
-LOGLIKELIHOOD_REFUSED = ("kvbench: the lm-eval model 'kvbench' runs generation tasks only (output_type: "
-                         "generate_until); log-likelihood requests are not scored against a compressed cache")
+ROLLING_REFUSED = ("kvbench: the lm-eval model 'kvbench' does not run loglikelihood_rolling (perplexity) tasks: "
+                   "a rolling window over a compressed cache is not defined")
 
 
 def overrides(model_args: dict) -> list[str]:
@@ -105,11 +106,34 @@ class KVBenchLM(LM):
                                                      add_generation_prompt=add_generation_prompt)
 
     # ------------------------------------------------------------------ requests
-    def loglikelihood(self, requests, disable_tqdm: bool = False):
-        raise NotImplementedError(LOGLIKELIHOOD_REFUSED)
+    def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """lm-eval's split: the context's trailing spaces go to the continuation; an empty context is EOS."""
+        n_spaces = len(context) - len(context.rstrip())
+        if n_spaces:
+            continuation, context = context[-n_spaces:] + continuation, context[:-n_spaces]
+        tok = self.lm.tokenizer
+        whole = tok(context + continuation, add_special_tokens=self.add_bos_token)["input_ids"]
+        ctx = tok(context, add_special_tokens=self.add_bos_token)["input_ids"] if context else []
+        if not ctx:
+            ctx, whole = [self.lm.eos_token_ids[0]], [self.lm.eos_token_ids[0]] + whole
+        return ctx, whole[len(ctx):]
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        """log P(continuation | context) with the context's cache compressed by the policy first (query-agnostic:
+        kvbench.continuation), in lm_eval's order and batch size."""
+        from kvbench.continuation import continuation_logprobs
+
+        pairs = [self._encode_pair(*req.args) for req in requests]
+        out = continuation_logprobs(self.lm.model, [c + x for c, x in pairs], [len(x) for _, x in pairs],
+                                    self.policy, self.batch_size, prefill_chunk=self.cfg.gen.prefill_chunk,
+                                    score_chunk=self.cfg.gen.score_chunk, attention=self.cfg.gen.attention,
+                                    tokenizer=self.lm.tokenizer)
+        for req, res in zip(requests, out, strict=True):
+            self.cache_hook.add_partial("loglikelihood", req.args, res)
+        return out
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
-        raise NotImplementedError(LOGLIKELIHOOD_REFUSED)
+        raise NotImplementedError(ROLLING_REFUSED)
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Greedy generations of every request, grouped by their generation settings, in lm_eval's order."""

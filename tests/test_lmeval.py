@@ -3,7 +3,8 @@ tests/data/lm_eval, no download) through the `kvbench` model on the tiny model.
 
 A full-cache lm-eval run at batch 3 (left-padded batches) gives, request for request, the text of
 transformers' own greedy `generate` at batch 1 and of kvbench's engine at batch 1, cut at the task's stop
-strings; a policy runs through it; log-likelihood tasks are refused with one line; the documented command
+strings; a policy runs through it; a multiple-choice task's log-likelihoods with the full cache are a plain
+forward's, and a policy changes them; perplexity tasks are refused with one line; the documented command
 (`kvbench-lm-eval ...`) runs.
 """
 
@@ -21,7 +22,7 @@ from lm_eval import simple_evaluate  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
 
 from kvbench import engine  # noqa: E402
-from kvbench.lmeval import LOGLIKELIHOOD_REFUSED, KVBenchLM, main  # noqa: E402
+from kvbench.lmeval import ROLLING_REFUSED, KVBenchLM, main  # noqa: E402
 from kvbench.policies import Full  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,11 +84,36 @@ def test_a_policy_runs_through_lm_eval(tasks):
     assert lm.last_token_ids != full.last_token_ids  # 16 pairs of ~40-token prompts: the policy evicted
 
 
-def test_loglikelihood_is_refused_in_one_line(tasks):
-    lm = KVBenchLM(model="tiny-llama", policy="full")
-    with pytest.raises(NotImplementedError, match="generation tasks only"):
-        run(lm, tasks, "kvbench_tiny_mc")
-    assert "\n" not in LOGLIKELIHOOD_REFUSED
+def test_loglikelihood_full_cache_equals_a_plain_forward(tasks):
+    """A multiple-choice task: with the full cache, each choice's log-likelihood and greedy flag are those of one
+    plain forward of the model over context + choice (batch 4, left-padded); a policy's differ (it evicted)."""
+    import torch
+
+    lm = KVBenchLM(model="tiny-llama", policy="full", batch_size=4, dtype="float64")
+    out = run(lm, tasks, "kvbench_tiny_mc")
+    samples = out["samples"]["kvbench_tiny_mc"]
+    assert len(samples) == 6 and "acc,none" in out["results"]["kvbench_tiny_mc"]
+    model = lm.lm.model
+    for s in samples:
+        for args, resp in zip(s["arguments"].values() if isinstance(s["arguments"], dict) else s["arguments"],
+                              s["resps"], strict=True):
+            context, continuation = (args["arg_0"], args["arg_1"]) if isinstance(args, dict) else args
+            ctx, cont = lm._encode_pair(context, continuation)
+            ids = torch.tensor([ctx + cont])
+            with torch.no_grad():
+                lp = torch.log_softmax(model(ids).logits[0, len(ctx) - 1:-1].double(), -1)
+            target = torch.tensor(cont)
+            want = float(lp.gather(1, target[:, None]).sum())
+            got, greedy = resp[0]
+            assert abs(got - want) < 1e-6, (got, want)
+            assert greedy == bool((lp.argmax(-1) == target).all())
+    h2o = KVBenchLM(model="tiny-llama", policy="snapkv", compression_ratio=0.75, schedule="after_prefill",
+                    window=4, batch_size=4, dtype="float64")
+    evicted = run(h2o, tasks, "kvbench_tiny_mc")["samples"]["kvbench_tiny_mc"]
+    assert [s["resps"] for s in evicted] != [s["resps"] for s in samples]
+    with pytest.raises(NotImplementedError, match="loglikelihood_rolling"):
+        lm.loglikelihood_rolling([])
+    assert "\n" not in ROLLING_REFUSED
 
 
 def test_the_documented_command(tmp_path, monkeypatch, capsys):
