@@ -18,7 +18,7 @@ from kvbench.engine import generate
 from kvbench.errors import ConfigError
 from kvbench.models.tiny import byte_tokenizer
 from kvbench.policies import H2O, Full, SnapKV, StreamingLLM
-from kvbench.results import read_records
+from kvbench.results import read_jsonl, read_records
 from kvbench.tasks import RULER_TASKS, TASKS
 from kvbench.tasks.ruler_text import string_match_all
 
@@ -155,6 +155,10 @@ def test_query_agnostic_run_from_the_cli(tmp_path, monkeypatch):
     assert "string_match_all" in rec["metrics"] and "string_match_all_ci" in rec["metrics"]
     assert any("query_aware=false" in e for e in rec["extensions"])
     assert any(e.startswith("task: ") for e in rec["extensions"])
+    cli.main([*args[:-1], f"results_dir={tmp_path / 'again'}"])  # the same seed: the same prompts and tokens
+    (again,) = read_records(tmp_path / "again")
+    first, second = (read_jsonl(r["predictions_path"]) for r in (rec, again))
+    assert [(r["prompt"], r["token_ids"]) for r in first] == [(r["prompt"], r["token_ids"]) for r in second]
     with pytest.raises(SystemExit) as exc:
         cli.main([*args, "mode=serve"])
     assert exc.value.code == 2
