@@ -102,7 +102,7 @@ def write(records: list[dict], out: Path) -> dict[str, Path]:
     keys = sorted(data)
     cols = min(4, len(keys))
     rows = (len(keys) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.8 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols + 0.8, 3.0 * rows), squeeze=False, layout="constrained")
     for ax, key in zip(axes.flat, keys, strict=False):
         im = _draw(ax, data[key], f"{key[2]}\n{key[1]} ({key[0]})")
     for ax in list(axes.flat)[len(keys):]:
