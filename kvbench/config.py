@@ -276,6 +276,9 @@ def validate(cfg: DictConfig) -> None:
                 raise c from None
             cause = e.__cause__ or e  # e.g. a key the dataclass does not know
             raise ConfigError(key, str(cause).splitlines()[0]) from None
+    if cfg.task.get("query_aware") is False and (cfg.mode in SERVE_MODES or cfg.search.max_batch):
+        raise ConfigError("task.query_aware", "false runs in mode=run at a fixed batch size only (not serve or "
+                          "search.max_batch)", False)
     build_task(cfg).check_data()  # every data row the run reads, parsed and checked (cached per process)
     from kvbench.models import check_available
 

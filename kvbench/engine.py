@@ -11,6 +11,14 @@ Memory: before each batch `generate` computes its accounted peak (`kvbench.memor
 allocated. `decode_steps` stops a batch early (a memory probe: the cache is still sized for
 `max_new_tokens`); `warmup` runs the first batch once, untimed, before the timed ones.
 
+Query-agnostic runs (`question_tokens`: the last q_b tokens of each prompt are its question, kvpress's
+protocol): the context (the prompt less its question) is prefilled under the schedule, then compressed
+(before any forward of the question: after_prefill to its budget, the other schedules down to
+min(kv_size - p, kv_size - q_b) so the question fits), then the question is prefilled as one more chunk
+that is never evicted before the first generated token. Budgets come from the context's length; the
+question is kept like generated tokens (capacity: context budget + question + new tokens under
+after_prefill). The prompt ids are the query-aware run's, so the full cache gives the same tokens.
+
 Timings: `prefill_s` covers the prompt forwards and their evictions, `decode_s` the rest; CUDA is
 synchronised at each boundary. Inside them, `evict_s` (evictions, decode_only's resize) and
 `attn_stats_s` (attention statistics of scored policies) are timed by `kvbench.timing` (CUDA events,
@@ -83,9 +91,12 @@ class _Batch:
     """One batch's tensors: right-padded prompts, the cache, the generated tokens."""
 
     def __init__(self, model, ids: list[list[int]], policy: Policy, max_new_tokens: int, pad_id: int, geometry,
-                 prefill_chunk: int | None = None):
-        self.lengths = [len(x) for x in ids]
-        B, s = len(ids), max(self.lengths)
+                 prefill_chunk: int | None = None, question: list[int] | None = None):
+        self.question = torch.tensor(question or [0] * len(ids), dtype=torch.long)  # (B,) question tokens
+        self.lengths = [len(x) - q for x, q in zip(ids, self.question.tolist(), strict=True)]  # the context's
+        q_max, new = int(self.question.max()), max_new_tokens
+        max_new_tokens += q_max  # the question is kept like generated tokens
+        B, s = len(ids), max(len(x) for x in ids)
         self.prompts = torch.full((B, s), pad_id, dtype=torch.long)
         for b, x in enumerate(ids):
             self.prompts[b, : len(x)] = torch.tensor(x, dtype=torch.long)
@@ -94,9 +105,10 @@ class _Batch:
         # what the policy compresses: the full-attention layers (windowed ones keep their window)
         full = [w is None for w in windows]
         self.full_budgets = None if self.budgets is None or not any(full) else self.budgets[full]
-        self.plan = prefill_plan(self.lengths, policy, prefill_chunk, self.full_budgets)
-        family.check_length_rope(model.config, s, s, max_new_tokens, len(self.plan) > 1)  # the padded batch
-        widest = max(int(r.max()) for r in self.plan)
+        # (a context of 0 tokens: kvbench.continuation's one-token contexts, all in the question's forward)
+        self.plan = prefill_plan(self.lengths, policy, prefill_chunk, self.full_budgets) if max(self.lengths) else []
+        family.check_length_rope(model.config, s, s, new, len(self.plan) > 1 or q_max > 0)  # the padded batch
+        widest = max([int(r.max()) for r in self.plan] + [q_max])  # the question is one forward of its own
         self.cache = KVCache(
             batch_size=B,
             capacity=layer_capacities(policy.capacities(self.lengths, max_new_tokens, self.budgets), windows,
@@ -141,6 +153,35 @@ def _evict_if_needed(cache: KVCache, r: torch.Tensor, policy: Policy, prefill: b
         observer("evict", cache)
 
 
+def _compress_context(cache: KVCache, q: torch.Tensor, policy: Policy, observer, max_new_tokens: int) -> None:
+    """Query-agnostic: before the question's q_b tokens come, compress the context as the schedule would at its
+    end (after_prefill: to its budget; otherwise down to min(k - p, k - q_b) where n_b + q_b > k), so the
+    question fits the budget and is not evicted before the first generated token."""
+    trim_windows(cache.groups, q, cache.gather_layers)  # windowed layers keep their window, whatever the policy
+    if not policy.evicts:
+        return
+    with cache.timer("evict", cache.devices):
+        for g in cache.groups:
+            if g.sliding is not None:
+                continue
+            k = torch.as_tensor(policy.kv_size if g.budget is None else g.budget).expand_as(q)  # (B,)
+            if policy.once:
+                rows, keep = g.n > k, k
+            else:
+                keep = torch.minimum(k - policy.evict_every, k - q)
+                rows = g.n + q > k
+                if bool((rows & (keep < policy.protect_first + policy.protect_recent + 1)).any()):
+                    raise ValueError(f"query_aware=false: a question of {int(q.max())} tokens leaves no room in "
+                                     f"a budget of {int(k.min())} pairs")
+            if bool(rows.any()):
+                cache.evict(rows, keep, policy, group=g)
+            need = policy.decode_capacity(int(k.max()), max_new_tokens + int(q.max()))
+            if g.capacity > need and int(g.n.max()) < need:
+                cache.resize(need, group=g)  # the context is compressed: give its memory back
+    if observer:
+        observer("evict", cache)
+
+
 @torch.inference_mode()
 def generate_batch(
     model,
@@ -155,13 +196,17 @@ def generate_batch(
     observer: Observer | None = None,
     geometry: dict | None = None,
     decode_steps: int | None = None,
+    question_tokens: list[int] | None = None,
 ) -> tuple[list[list[int]], dict]:
     """Greedy-generate for one batch of token-id prompts. Returns (token ids per prompt, stats).
 
     `decode_steps`: stop after this many decode steps (a probe); the cache is sized for max_new_tokens.
+    `question_tokens`: per prompt, its last tokens that are the question (query-agnostic, module docstring).
     """
     geometry = geometry or model_geometry(model)
-    batch = _Batch(model, ids, policy, max_new_tokens, pad_token_id, geometry, prefill_chunk)
+    if question_tokens is not None and not any(question_tokens):
+        question_tokens = None
+    batch = _Batch(model, ids, policy, max_new_tokens, pad_token_id, geometry, prefill_chunk, question_tokens)
     try:
         return _run_batch(model, batch, policy, max_new_tokens, eos_token_ids, pad_token_id, ignore_eos,
                           prefill_chunk, observer, decode_steps)
@@ -195,10 +240,14 @@ def _run_batch(model, batch: _Batch, policy: Policy, max_new_tokens, eos_token_i
     _sync(dev_in)
     t0 = time.perf_counter()
     plan = batch.plan
+    q = batch.question if bool(batch.question.any()) else None
     for k, r in enumerate(plan):
         _evict_if_needed(cache, r, policy, True, observer)
         width = int(r.max())
-        out = forward(batch.chunk_ids(r, width), r, logits=k == len(plan) - 1)
+        out = forward(batch.chunk_ids(r, width), r, logits=q is None and k == len(plan) - 1)
+    if q is not None:  # query-agnostic: compress the context, then prefill the question, never evicted before
+        _compress_context(cache, q, policy, observer, max_new_tokens)
+        out = forward(batch.chunk_ids(q, int(q.max())), q, logits=True)
     next_tok = out.argmax(-1).to(dev_in)  # (B,)
     del out  # the logits are not kept alive through the decode loop (nor through its evictions)
     _sync(dev_in)
@@ -214,7 +263,7 @@ def _run_batch(model, batch: _Batch, policy: Policy, max_new_tokens, eos_token_i
             done = done | torch.isin(next_tok, eos)
             if bool(done.all()):
                 break
-        _evict_if_needed(cache, ones, policy, False, observer, first_decode=len(steps) == 1,
+        _evict_if_needed(cache, ones, policy, False, observer, first_decode=len(steps) == 1 and q is None,
                          max_new_tokens=max_new_tokens)
         logits = forward(next_tok[:, None], ones, logits=True)
         nxt = logits.argmax(-1).to(dev_in)
@@ -272,13 +321,16 @@ def generate(
     warmup: bool = False,
     decode_steps: int | None = None,
     attention: str = "auto",
+    question_tokens: Sequence[int] | None = None,
 ) -> GenerationOutput:
     """Greedy generation of `prompts` (strings or token ids) in batches under `policy`.
 
     Batches keep the given order (no sorting), so a batch size that divides the sample count gives
     every run the same batches. EOS ids default to the model's generation config. `budget`,
     `warmup`, `decode_steps`: see the module docstring; `attention`: auto | sdpa | flash | eager | fused
-    (kvbench.attention; the backend really used is `out.attention`, and the account charges its transient).
+    (kvbench.attention; the backend really used is `out.attention`, and the account charges its transient);
+    `question_tokens`: per prompt, its last tokens that are the question, prefilled after the context's
+    compression (query-agnostic; the module docstring).
     """
     if prompts and isinstance(prompts[0], str):
         ids = encode(tokenizer, prompts, add_special_tokens)
@@ -295,11 +347,14 @@ def generate(
     shape = memory.ModelShape.of(model)
     backend = resolve_backend(attention, model, policy.needs_attention)
     out = GenerationOutput(token_ids=[], prompt_tokens=[len(x) for x in ids], attention=backend)
+    qs = list(question_tokens) if question_tokens is not None else [0] * len(ids)
     batches = [ids[start : start + batch_size] for start in range(0, len(ids), batch_size)]
+    questions = [qs[start : start + batch_size] for start in range(0, len(ids), batch_size)]
 
-    def run(batch: list[list[int]]) -> tuple[list[list[int]], dict]:
-        acc = memory.account(
-            shape, [len(x) for x in batch], policy, max_new_tokens=max_new_tokens, prefill_chunk=prefill_chunk,
+    def run(batch: list[list[int]], question: list[int]) -> tuple[list[list[int]], dict]:
+        acc = memory.account(  # query-agnostic: the question accounted as generated tokens
+            shape, [len(x) - n for x, n in zip(batch, question, strict=True)], policy,
+            max_new_tokens=max_new_tokens + max(question), prefill_chunk=prefill_chunk,
             score_chunk=score_chunk, attention=backend,
         )
         if out.accounted is None or acc.total > out.accounted.total:
@@ -318,14 +373,16 @@ def generate(
             observer=observer,
             geometry=geometry,
             decode_steps=decode_steps,
+            question_tokens=question,
         )
 
     with kv_attention(model, score_chunk=score_chunk, backend=backend, needs_attention=policy.needs_attention):
         if warmup:
-            run(batches[0])  # untimed, not counted
+            run(batches[0], questions[0])  # untimed, not counted
         t0 = time.perf_counter()
-        for batch in tqdm(batches, desc=f"{policy.name} b={batch_size}", disable=not progress, leave=False):
-            tokens, stats = run(batch)
+        for batch, question in tqdm(list(zip(batches, questions, strict=True)), desc=f"{policy.name} b={batch_size}",
+                                    disable=not progress, leave=False):
+            tokens, stats = run(batch, question)
             out.token_ids += tokens
             out.prefill_s += stats["prefill_s"]
             out.decode_s += stats["decode_s"]

@@ -102,6 +102,15 @@ def memory_fields(lm: LoadedModel | None, acc: memory.Account | None) -> dict:
     }
 
 
+def task_extensions(task) -> list[str]:
+    """The task's departures from its published definition (RULER's), and a query-agnostic run said as one."""
+    ext = list(task.describe().get("extensions", []))
+    if not getattr(task, "query_aware", True):
+        ext.append("task: query_aware=false: the context is compressed before the question is prefilled "
+                   "(kvpress's protocol)")
+    return ext
+
+
 def new_record(cfg: DictConfig, policy, task) -> dict:
     started = dt.datetime.now(dt.timezone.utc)
     chash = config_hash(cfg)
@@ -119,6 +128,7 @@ def new_record(cfg: DictConfig, policy, task) -> dict:
         "model": cfg.model.name,
         "weights": weights_format(cfg),
         "task": task.name,
+        "query_aware": getattr(task, "query_aware", True),  # false: the context compressed before the question
         "policy": policy.name,
         "kv_size": policy.kv_size,
         "kv_ratio": policy.kv_ratio,
@@ -181,6 +191,7 @@ def execute(
         budget=budget,
         warmup=cfg.gen.warmup,
         attention=cfg.gen.attention,
+        question_tokens=question_tokens(task, lm, samples, ids),
     )
     rows, metrics, lengths = predictions(task, samples, ids, out.token_ids, lm, cfg.output.save_prompt_ids)
     record.update(
@@ -201,6 +212,13 @@ def execute(
         **memory_fields(lm, out.accounted),
     )
     return rows
+
+
+def question_tokens(task, lm: LoadedModel, samples, ids) -> list[int] | None:
+    """Query-agnostic runs (task.query_aware=false): each prompt's question tokens, prefilled after compression."""
+    if getattr(task, "query_aware", True):
+        return None
+    return [task.question_tokens(lm.tokenizer, s, x) for s, x in zip(samples, ids, strict=True)]
 
 
 def find_batch_size(cfg: DictConfig, record: dict, lm: LoadedModel, policy, ids, budget) -> int:
@@ -386,7 +404,7 @@ def run(cfg: DictConfig, lm: LoadedModel | None = None, sweep: bool = False) -> 
     serve_mode = cfg.mode in ("serve", "serve_limits")
     term = TermGuard().install()
     try:
-        record["extensions"] = policy.describe(paged=serve_mode)["extensions"]
+        record["extensions"] = policy.describe(paged=serve_mode)["extensions"] + task_extensions(task)
         logger = instantiate(cfg.logger)
         record["logger"] = logger.start()
         if record["logger"] and record["logger"].get("note"):
@@ -397,8 +415,7 @@ def run(cfg: DictConfig, lm: LoadedModel | None = None, sweep: bool = False) -> 
             lm = load_within(cfg, budget, lm)
             kinds = family.check_policy(lm.model.config, policy)
             record["model_family"] = f"{kinds.family}: {kinds.describe()}"
-            record["extensions"] = policy.describe(gqa=kinds.gqa, paged=serve_mode)["extensions"]
-
+            record["extensions"] = policy.describe(gqa=kinds.gqa, paged=serve_mode)["extensions"] + task_extensions(task)
             samples = task.samples(lm.tokenizer)
             ids = [task.encode(lm.tokenizer, s.prompt) for s in samples]
             windows = kinds.windows_for(max(map(len, ids), default=0) + cfg.gen.max_new_tokens)

@@ -13,6 +13,7 @@ from kvbench.config import CONF_DIR, validate
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 PAPER = [e for e in EXPERIMENTS if e.startswith("paper_")]
+KVPRESS = [e for e in EXPERIMENTS if e.startswith("kvpress_ruler_")]  # RULER 4k, kvpress's leaderboard protocol
 # cards as CUDA reports them: V100-32GB 32510 MiB, TITAN V-12GB 12066 MiB
 V100, TITAN_V = ("32510MiB", 31.75), ("12066MiB", 11.78)
 HARDWARE = {  # experiment -> (model, task, GPUs, per-GPU max_memory, memory.budget_gb)
@@ -63,9 +64,11 @@ def tiny(experiment: str, mirror) -> list[str]:
     out = [f"experiment={experiment}", "model=tiny-llama", "device=cpu", f"data.dir={mirror}",
            "task.n_samples=2", "task.n_shot=1", "task.max_input_tokens=512", "gen.max_new_tokens=2",
            "policy.kv_size=64", "policy.evict_every=16"]
+    if experiment in KVPRESS:  # a RULER context the byte tokenizer renders quickly
+        out += ["task.context_length=700", "task.tokens_to_generate=8"]
     if base.mode != "serve":  # serve mode refuses a batch size (its scheduler batches)
         out.append("batch_size=2")
-    if "max_memory" in base.model:  # a Hub model's GPU split: not an argument of the tiny model
+    if base.model.get("max_memory"):  # a Hub model's GPU split: not an argument of the tiny model
         out.append("~model.max_memory")
     return out
 
@@ -82,8 +85,22 @@ def test_runs_on_tiny_llama(experiment, mirror, tmp_path):
     cfg = _compose(*tiny(experiment, mirror), f"results_dir={tmp_path}")
     rec = runner.run(cfg)
     assert rec["status"] == "ok", rec["error"]
+    if experiment in KVPRESS:  # RULER's niah_single_1 by default, query-agnostic, EOS not ignored
+        assert rec["task"] == "niah_single_1" and rec["query_aware"] is False and rec["generated_tokens"] <= 4
+        return
     assert rec["experiment"] == experiment and rec["task"] == experiment.rsplit("_", 1)[-1]
     assert rec["n_samples"] == 2 and rec["generated_tokens"] == 4  # ignore_eos: every token generated
+
+
+@pytest.mark.parametrize("experiment", KVPRESS)
+def test_kvpress_protocol_settings(experiment):
+    """RULER at 4k tokens, query-agnostic, compressed once after prefill, kvpress's ratios in the documented sweep."""
+    cfg = _compose(f"experiment={experiment}", hydra=True)
+    assert cfg.hydra.runtime.choices.task == "niah_single_1" and cfg.task.context_length == 4096
+    assert cfg.task.query_aware is False and cfg.policy.schedule == "after_prefill"
+    assert cfg.model.dtype == "bfloat16" and cfg.model.pretrained in ("meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen3-8B")
+    text = (CONF_DIR / "experiment" / f"{experiment}.yaml").read_text()
+    assert "policy.compression_ratio=0.25,0.5,0.75,0.875" in text
 
 
 def test_experiments_exist():

@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 from kvbench.config import ReproduceConfig
+from kvbench.report import heatmap
 from kvbench.report.plots import plot_table
 from kvbench.report.rows import PLOTS
 from kvbench.report.select import unusable
@@ -79,6 +80,9 @@ def write_report(results_dir: str | Path, out: str | Path | None = None, near_fk
         kinds = plot_table(t, out / "plots") if plots else []
         written.update({f"{t.slug}_{k}": out / "plots" / f"{t.slug}_{PLOTS[k][0]}" for k in kinds})
         parts.append(t.markdown(kinds))
+    needle = heatmap.write(records, out / "plots") if plots else {}  # depth-swept runs (kvbench-needle)
+    written.update(needle)
+    parts.append(heatmap.markdown(records, needle))
     (out / "tables.md").write_text("\n".join(parts).rstrip("\n") + "\n")
     write_csv(records, out / "runs.csv")
     written.update({"tables.md": out / "tables.md", "runs.csv": out / "runs.csv"})

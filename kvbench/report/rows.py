@@ -10,7 +10,8 @@ from kvbench.config import CONF_DIR
 
 METHODS = {"extreme_decode": "ED", "full": "FKV", "batch_max": "BM", "window": "Window", "h2o": "H2O", "tova": "TOVA"}
 SCHEDULES = {"prefill_and_decode": "P&D", "decode_only": "D"}
-METRICS = {"rouge2": "ROUGE-2", "accuracy": "accuracy"}  # the paper's columns, in order of preference
+METRICS = {"rouge2": "ROUGE-2", "accuracy": "accuracy",  # the paper's columns, in order of preference
+           "string_match_all": "RULER score"}
 PLOTS = {  # kind -> (file suffix, alt text)
     "accuracy": ("accuracy_vs_throughput.png", "metric vs throughput"),
     "batch": ("max_batch_size.png", "largest batch size per method"),
@@ -60,8 +61,20 @@ def method_of(rec: dict, defaults: dict[str, str]) -> str:
     return label
 
 
+def task_metric(name: str | None) -> str | None:
+    """The primary metric (`Task.metric`) of the task a record names, None for a task kvbench does not know."""
+    from kvbench.tasks import TASKS
+
+    task = TASKS.get(name)
+    return task.metric if task is not None else None
+
+
 def metric_key(records: list[dict]) -> str | None:
+    """The task's own metric (`Task.metric`) when the records have it, else the paper's columns' order."""
     keys = {k for r in records for k in (r.get("metrics") or {})}
+    own = {task_metric(r.get("task")) for r in records} & keys
+    if len(own) == 1:
+        return own.pop()
     return next((k for k in METRICS if k in keys), min(keys) if keys else None)
 
 

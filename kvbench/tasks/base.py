@@ -25,6 +25,7 @@ class Sample:
     references: list[str]
     cut: bool = False  # the document was shortened to fit max_input_tokens
     meta: dict = field(default_factory=dict)
+    question_at: int | None = None  # where the question starts in `prompt` (tasks that can run query_aware=false)
 
 
 @dataclass
@@ -36,6 +37,7 @@ class Task:
     split: str = "test"
     prompt_style: str = "chat"
     data_dir: str | None = None
+    query_aware: bool = True  # false: the context is compressed before the question is prefilled (kvpress)
 
     name: ClassVar[str] = "base"
     metric: ClassVar[str] = "accuracy"  # the primary metric (the paper's column)
@@ -51,8 +53,33 @@ class Task:
             raise ConfigError("task.n_shot", "must be a non-negative integer", self.n_shot)
         if self.max_input_tokens is not None and (not isinstance(self.max_input_tokens, int) or self.max_input_tokens <= 0):
             raise ConfigError("task.max_input_tokens", "must be a positive integer or null", self.max_input_tokens)
+        if not isinstance(self.query_aware, bool):
+            raise ConfigError("task.query_aware", "must be true or false", self.query_aware)
+        if not self.query_aware and not self.splits_question:
+            raise ConfigError("task.query_aware", f"{self.name} has no question apart from its context: only true",
+                              self.query_aware)
         if self.prompt_style not in PROMPT_STYLES:
             raise ConfigError("task.prompt_style", f"must be one of {', '.join(PROMPT_STYLES)}", self.prompt_style)
+
+    @property
+    def splits_question(self) -> bool:
+        """Whether samples say where their question starts (`Sample.question_at`): query_aware=false possible."""
+        return False
+
+    def question_tokens(self, tokenizer, sample: Sample, ids: list[int]) -> int:
+        """Tokens at the end of `ids` (the sample's prompt) that form its question: 0 when query-aware.
+
+        The prompt is tokenised whole (the same ids as the query-aware run); the question starts at the
+        first token that begins at or after `question_at`."""
+        if self.query_aware or sample.question_at is None:
+            return 0
+        offsets = tokenizer(sample.prompt, add_special_tokens=self.add_special_tokens,
+                            return_offsets_mapping=True)["offset_mapping"]
+        starts = [a for a, b in offsets]
+        if len(starts) != len(ids):
+            raise ValueError("the prompt's offsets do not match its ids")
+        first = next((i for i, (a, b) in enumerate(offsets) if b > a and a >= sample.question_at), len(ids))
+        return len(ids) - first
 
     def check_data(self) -> None:
         """Preflight: read and check every data row the run will use (no model); ConfigError if bad."""
@@ -111,4 +138,4 @@ class Task:
         return {k: sum(s[k] for s in scores) / len(scores) for k in keys}
 
     def describe(self) -> dict:
-        return {"task": self.name, "metric": self.metric}
+        return {"task": self.name, "metric": self.metric, "query_aware": self.query_aware}

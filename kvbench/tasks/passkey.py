@@ -54,8 +54,13 @@ class Passkey(Task):
             needle = f"The pass key is {key}. Remember it. {key} is the pass key. "
             text = INSTRUCTION + FILLER * before + needle + FILLER * (repeats - before) + QUESTION
             prompt = self.render(tokenizer, [], text, answer_prefix="The pass key is")
-            out.append(Sample(index=i, prompt=prompt, references=[str(key)], meta={"depth": depth}))
+            out.append(Sample(index=i, prompt=prompt, references=[str(key)], meta={"depth": depth},
+                              question_at=prompt.rfind(QUESTION)))
         return out
+
+    @property
+    def splits_question(self) -> bool:
+        return True
 
     def extract(self, text: str) -> str:
         m = NUMBER.search(text)

@@ -1,0 +1,74 @@
+"""Log-likelihood of a continuation against the compressed cache of its context (lm-eval's `loglikelihood`).
+
+Per request the ids are context + continuation. The context less its last token is prefilled under the
+policy's schedule and compressed as a query-agnostic run compresses it (kvbench.engine: the
+continuation is the "question"); then one chunk brings the context's last token and the continuation but
+its last token, and its logits score every continuation token. So the continuation itself is never
+evicted, and nothing of it is seen before the context is compressed. Departure (said by the caller): the
+context's last token is processed with the continuation, after the compression, not inside the context.
+Batches are left-padded like generation's; returns (sum of log-probabilities, every token the argmax).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from kvbench.attention import SCORE_CHUNK, kv_attention, resolve_backend
+from kvbench.engine import _Batch, _compress_context, _evict_if_needed, pad_id
+from kvbench.models.compat import cache_kwarg
+from kvbench.models.geometry import model_geometry
+from kvbench.policies.base import Policy
+
+
+@torch.inference_mode()
+def _score_batch(model, ids: list[list[int]], n_cont: list[int], policy: Policy, pad: int, geometry,
+                 prefill_chunk: int | None) -> list[tuple[float, bool]]:
+    prompts = [x[:-1] for x in ids]  # the last continuation token is only a target
+    batch = _Batch(model, prompts, policy, 1, pad, geometry, prefill_chunk, list(n_cont))
+    cache = batch.cache
+    dev = model.get_input_embeddings().weight.device
+    base = model.get_decoder()
+    cache_name, base_cache_name = cache_kwarg(model), cache_kwarg(base)
+
+    def forward(tokens, r, keep: int):
+        positions = cache.begin_forward(r, tokens.shape[1])
+        kw = {"input_ids": tokens.to(dev), "position_ids": positions.to(dev), "use_cache": True,
+              "kvbench_cache": cache, (cache_name if keep else base_cache_name): cache}
+        return model(**kw, logits_to_keep=keep).logits if keep else base(**kw)
+
+    try:
+        for r in batch.plan:
+            _evict_if_needed(cache, r, policy, True, None)
+            forward(batch.chunk_ids(r, int(r.max())), r, 0)
+        q = batch.question
+        _compress_context(cache, q, policy, None, 1)
+        width = int(q.max())
+        logits = forward(batch.chunk_ids(q, width), q, width).double()  # (B, width, V), right-aligned
+        out = []
+        for b, (x, n) in enumerate(zip(ids, n_cont, strict=True)):
+            lp = torch.log_softmax(logits[b, width - n:], dim=-1)  # (n, V)
+            target = torch.tensor(x[-n:], device=lp.device)
+            out.append((float(lp.gather(1, target[:, None]).sum()), bool((lp.argmax(-1) == target).all())))
+        return out
+    finally:
+        cache.release()
+
+
+def continuation_logprobs(model, ids: Sequence[Sequence[int]], n_cont: Sequence[int], policy: Policy,
+                          batch_size: int = 1, *, prefill_chunk: int | None = None, score_chunk: int = SCORE_CHUNK,
+                          attention: str = "auto", tokenizer=None) -> list[tuple[float, bool]]:
+    """(log P(continuation | compressed context), greedy) per request; `ids` = context + continuation ids,
+    `n_cont` the continuation's length (>= 1, and the context >= 1 token)."""
+    if any(n < 1 or len(x) - n < 1 for x, n in zip(ids, n_cont, strict=True)):
+        raise ValueError("a request needs at least one context and one continuation token")
+    geometry = model_geometry(model)
+    pad = pad_id(model, tokenizer) if tokenizer is not None else 0
+    backend = resolve_backend(attention, model, policy.needs_attention)
+    out: list[tuple[float, bool]] = []
+    with kv_attention(model, score_chunk=score_chunk, backend=backend, needs_attention=policy.needs_attention):
+        for s in range(0, len(ids), batch_size):
+            out += _score_batch(model, [list(x) for x in ids[s:s + batch_size]], list(n_cont[s:s + batch_size]),
+                                policy, pad, geometry, prefill_chunk)
+    return out

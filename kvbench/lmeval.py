@@ -1,0 +1,195 @@
+"""kvbench inside lm-evaluation-harness: the model `kvbench` (the optional extra `[lm-eval]`, lm_eval 0.4.x).
+
+    kvbench-lm-eval --model kvbench --model_args model=smollm2-135m,policy=h2o,kv_size=256 \\
+        --tasks TASKS --batch_size 8
+
+`kvbench-lm-eval` is lm_eval's own command line with this module imported (lm_eval 0.4 has no plugin
+entry points, so a bare `lm_eval` does not know the name; `import kvbench.lmeval` registers it in a
+Python session for `lm_eval.simple_evaluate(model="kvbench", ...)`).
+
+model_args: `model` a kvbench model config (kvbench/conf/model: smollm2-135m, tiny-llama...), `policy` a
+policy config (full, h2o, batch_max...), `device`, `dtype`, `attention` (gen.attention), `prefill_chunk`,
+`add_bos_token`; every other key is that policy's (`kv_size=256`, `evict_every`, `schedule`,
+`compression_ratio`...). They are composed with kvbench's own configs, so a bad key or value stops with
+kvbench's one-line error before the model loads.
+
+Generation requests (`generate_until`) run through kvbench's engine at lm_eval's `--batch_size`, in the
+order lm_eval gives them (left-padded batches, the policy evicting during prefill and decode as
+configured), greedy only: a task asking for sampling is refused. The generation is cut at the request's
+`until` strings (and EOS). Log-likelihood requests (multiple choice) score the continuation against the
+compressed cache of its context (kvbench.continuation: the context compressed first, the continuation never
+evicted); `loglikelihood_rolling` (perplexity) is refused with one line.
+"""
+
+from __future__ import annotations
+
+import sys
+
+try:
+    from lm_eval.api.model import LM
+    from lm_eval.api.registry import register_model
+except ImportError as e:  # the extra is missing: one line saying how to get it
+    raise ImportError("kvbench's lm-eval model needs lm_eval: pip install 'kvbench[lm-eval]'") from e
+
+from kvbench.errors import ConfigError
+
+OWN_KEYS = {"model": "model", "policy": "policy", "device": "device", "dtype": "model.dtype",
+            "attention": "gen.attention", "prefill_chunk": "gen.prefill_chunk"}
+ROLLING_REFUSED = ("kvbench: the lm-eval model 'kvbench' does not run loglikelihood_rolling (perplexity) tasks: "
+                   "a rolling window over a compressed cache is not defined")
+
+
+def overrides(model_args: dict) -> list[str]:
+    """kvbench config overrides from lm_eval's model_args (policy hyper-parameters under `policy.`)."""
+    out = []
+    for key, value in model_args.items():
+        target = OWN_KEYS.get(key, f"policy.{key}")
+        out.append(f"{target}={'null' if value is None else str(value).lower() if isinstance(value, bool) else value}")
+    return out
+
+
+@register_model("kvbench")
+class KVBenchLM(LM):
+    """lm_eval's model over kvbench's engine and one eviction policy."""
+
+    def __init__(self, model: str = "smollm2-135m", policy: str = "full", batch_size: int | str = 1,
+                 max_batch_size: int | None = None, add_bos_token: bool = False, **kw):
+        super().__init__()
+        from hydra import compose, initialize_config_dir
+
+        from kvbench.config import CONF_DIR, build_policy, validate
+        from kvbench.runner import load_model
+
+        if str(batch_size).startswith("auto"):
+            raise ConfigError("batch_size", "auto is not supported by kvbench's lm-eval model: give a number",
+                              batch_size)
+        if kw.get("device") in (None, ""):
+            kw.pop("device", None)  # lm_eval's --device unset: kvbench's device=auto
+        args = overrides({"model": model, "policy": policy, **kw})
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="lm_eval"):
+            self.cfg = compose("config", overrides=args)
+        validate(self.cfg)
+        self.policy = build_policy(self.cfg)
+        self.lm = load_model(self.cfg)
+        self.batch_size = int(batch_size)
+        self.add_bos_token = bool(add_bos_token)
+        self._device = str(self.lm.model.device)
+        self.last_token_ids: list[list[int]] = []  # the last generate_until call's tokens (tests, debugging)
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
+        """lm_eval's --model_args (as a string or a dict); its --device (cuda:0 from the command line unless
+        given) is used only when the model_args name no device and CUDA is there (else kvbench's device=auto)."""
+        from lm_eval import utils
+
+        return cls.create_from_arg_obj(utils.simple_parse_args_string(arg_string), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None):
+        args = dict(arg_dict)
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        device = extra.pop("device", None)
+        if "device" not in args and device and (not str(device).startswith("cuda") or _cuda()):
+            args["device"] = device
+        return cls(**args, **extra)
+
+    # ------------------------------------------------------------------ chat templates (--apply_chat_template)
+    @property
+    def tokenizer_name(self) -> str:
+        return str(self.cfg.model.get("name", "kvbench")).replace("/", "__")
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        return getattr(self.lm.tokenizer, "chat_template", None) or ""
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        return self.lm.tokenizer.apply_chat_template(chat_history, tokenize=False,
+                                                     add_generation_prompt=add_generation_prompt)
+
+    # ------------------------------------------------------------------ requests
+    def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """lm-eval's split: the context's trailing spaces go to the continuation; an empty context is EOS."""
+        n_spaces = len(context) - len(context.rstrip())
+        if n_spaces:
+            continuation, context = context[-n_spaces:] + continuation, context[:-n_spaces]
+        tok = self.lm.tokenizer
+        whole = tok(context + continuation, add_special_tokens=self.add_bos_token)["input_ids"]
+        ctx = tok(context, add_special_tokens=self.add_bos_token)["input_ids"] if context else []
+        if not ctx:
+            ctx, whole = [self.lm.eos_token_ids[0]], [self.lm.eos_token_ids[0]] + whole
+        return ctx, whole[len(ctx):]
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        """log P(continuation | context) with the context's cache compressed by the policy first (query-agnostic:
+        kvbench.continuation), in lm_eval's order and batch size."""
+        from kvbench.continuation import continuation_logprobs
+
+        pairs = [self._encode_pair(*req.args) for req in requests]
+        out = continuation_logprobs(self.lm.model, [c + x for c, x in pairs], [len(x) for _, x in pairs],
+                                    self.policy, self.batch_size, prefill_chunk=self.cfg.gen.prefill_chunk,
+                                    score_chunk=self.cfg.gen.score_chunk, attention=self.cfg.gen.attention,
+                                    tokenizer=self.lm.tokenizer)
+        for req, res in zip(requests, out, strict=True):
+            self.cache_hook.add_partial("loglikelihood", req.args, res)
+        return out
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+        raise NotImplementedError(ROLLING_REFUSED)
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """Greedy generations of every request, grouped by their generation settings, in lm_eval's order."""
+        from kvbench import engine
+
+        groups: dict[tuple, list[int]] = {}
+        settings = []
+        for i, req in enumerate(requests):
+            context, gen = req.args[0], dict(req.args[1] or {})
+            if gen.get("do_sample") or float(gen.get("temperature") or 0.0) > 0.0:
+                raise NotImplementedError("kvbench: the lm-eval model 'kvbench' generates greedily only "
+                                          f"(a request asks do_sample={gen.get('do_sample')}, "
+                                          f"temperature={gen.get('temperature')})")
+            until = gen.get("until") or []
+            until = [until] if isinstance(until, str) else list(until)
+            max_new = int(gen.get("max_gen_toks") or self.cfg.gen.max_new_tokens)
+            settings.append((context, until))
+            groups.setdefault((tuple(until), max_new), []).append(i)
+        outputs: list[str | None] = [None] * len(requests)
+        tokens: list[list[int] | None] = [None] * len(requests)
+        tok = self.lm.tokenizer
+        for (until, max_new), idx in groups.items():
+            ids = [tok(settings[i][0], add_special_tokens=self.add_bos_token)["input_ids"] for i in idx]
+            out = engine.generate(self.lm.model, tok, ids, self.policy, self.batch_size, max_new_tokens=max_new,
+                                  eos_token_ids=self.lm.eos_token_ids, prefill_chunk=self.cfg.gen.prefill_chunk,
+                                  score_chunk=self.cfg.gen.score_chunk, attention=self.cfg.gen.attention,
+                                  progress=not disable_tqdm)
+            for i, gen_ids in zip(idx, out.token_ids, strict=True):
+                eos = set(self.lm.eos_token_ids)
+                upto = next((k for k, t in enumerate(gen_ids) if t in eos), len(gen_ids))
+                text = tok.decode(gen_ids[:upto], skip_special_tokens=True)
+                for stop in until:
+                    if stop and stop in text:
+                        text = text[: text.index(stop)]
+                outputs[i], tokens[i] = text, gen_ids[:upto]
+                self.cache_hook.add_partial("generate_until", requests[i].args, text)
+        self.last_token_ids = tokens
+        return outputs
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def main() -> None:
+    """`kvbench-lm-eval`: lm_eval's command line with the `kvbench` model registered."""
+    from lm_eval.__main__ import cli_evaluate
+
+    try:
+        cli_evaluate()
+    except (ConfigError, NotImplementedError) as e:
+        print(f"kvbench-lm-eval: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
