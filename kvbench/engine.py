@@ -17,6 +17,11 @@ synchronised at each boundary. Inside them, `evict_s` (evictions, decode_only's 
 read after the final synchronisation: timing them adds no synchronisation to the loop). EOS handling matches `model.generate`: a finished sample keeps
 running on pad tokens until the batch ends; with `ignore_eos` every sample generates
 `max_new_tokens` tokens (the paper's protocol).
+
+Host syncs: the decode loop waits for the device only to test whether every sample is done, once every
+`EOS_CHECK_EVERY` steps (the steps run past the last EOS give pads, dropped like a finished sample's);
+index tensors go to the device in non-blocking copies (kvbench.cache.plan.to_device) and scheduling reads
+counts kept on the CPU, so the syncs per step depend neither on the policy nor on its groups of layers.
 """
 
 from __future__ import annotations
@@ -33,11 +38,13 @@ from kvbench.attention import SCORE_CHUNK, kv_attention, resolve_backend
 from kvbench.cache import KVCache, layer_capacities
 from kvbench.cache.evict import trim_windows
 from kvbench.models import family
+from kvbench.cache.plan import to_device
 from kvbench.models.compat import cache_kwarg
 from kvbench.models.geometry import model_geometry, rope_inv_freq
 from kvbench.policies.base import Policy
 from kvbench.schedule import prefill_plan, rows_to_evict
 
+EOS_CHECK_EVERY = 8  # decode steps between two checks that every sample is done (each check syncs the device)
 Observer = Callable[[str, KVCache], None]  # (event, cache): "forward" after each forward, "evict" after each eviction
 
 
@@ -181,7 +188,8 @@ def _run_batch(model, batch: _Batch, policy: Policy, max_new_tokens, eos_token_i
 
     def forward(tokens: torch.Tensor, r: torch.Tensor, logits: bool):
         positions = cache.begin_forward(r, tokens.shape[1])
-        kw = {"input_ids": tokens.to(dev_in), "position_ids": positions.to(dev_in), "use_cache": True,
+        host = to_device({"ids": tokens if tokens.device.type == "cpu" else None, "pos": positions}, dev_in)
+        kw = {"input_ids": tokens if host["ids"] is None else host["ids"], "position_ids": host["pos"], "use_cache": True,
               "kvbench_cache": cache, (cache_name if logits else base_cache_name): cache}
         out = None
         if logits:
@@ -209,10 +217,10 @@ def _run_batch(model, batch: _Batch, policy: Policy, max_new_tokens, eos_token_i
     alive = [torch.ones(B, dtype=torch.bool, device=dev_in)]
     ones = torch.ones(B, dtype=torch.long)
     n_tokens = max_new_tokens if decode_steps is None else min(max_new_tokens, 1 + decode_steps)
-    for _ in range(1, n_tokens):
+    for i in range(1, n_tokens):
         if not ignore_eos:
             done = done | torch.isin(next_tok, eos)
-            if bool(done.all()):
+            if i % EOS_CHECK_EVERY == 0 and bool(done.all()):  # a device sync: every EOS_CHECK_EVERY steps only
                 break
         _evict_if_needed(cache, ones, policy, False, observer, first_decode=len(steps) == 1,
                          max_new_tokens=max_new_tokens)

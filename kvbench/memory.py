@@ -53,7 +53,10 @@ I MLP width, V vocabulary, Hq / H query / KV heads, D head dim, L layers on the 
 Per-sample budgets (kv_ratio) and per-layer ones (PyramidKV) are replayed group by group: a forward's
 N is the largest group's, its masks are one per group (B·T·N_g each), an eviction of a group is charged
 with that group's layers, and keep is the largest kept count of its rows (the gather's width).
-Each device of a `device_map` split is charged the whole transient (an upper bound). Not counted:
+Each device of a `device_map` split is charged the whole transient (an upper bound). Layers offloaded by
+accelerate (their parameters on `meta`, in CPU RAM or on disk between forwards) are charged to the device
+they compute on (their hook's execution device): their weights are no device's, and that device's
+transient includes the largest offloaded layer's weights (brought in for its forward). Not counted:
 Python objects, allocator fragmentation and caching, the CUDA context.
 The terms follow the code paths kvbench runs (transformers' Llama / Phi-3 layers, kvbench's
 attention and cache); tests/test_memory.py checks the account against the tensor bytes actually
@@ -63,7 +66,7 @@ allocated on CPU.
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -71,6 +74,7 @@ from kvbench.attention import BACKENDS, resolve
 from kvbench.cache import KVCache, layer_capacities, layout
 from kvbench.errors import ConfigError, OutOfMemory
 from kvbench.models.family import effective_windows, kinds
+from kvbench.models.geometry import layer_device
 from kvbench.schedule import prefill_plan, rows_to_evict
 
 GiB = 2**30
@@ -97,9 +101,11 @@ class ModelShape:
     mlp_buffers: int  # (B, T, I) tensors alive in the MLP
     fused_qkv: bool  # Phi-3: q, k, v are views of one projection, alive through the attention
     weights: dict[str, int]  # bytes per device
-    layers: dict[str, int]  # decoder layers per device
+    layers: dict[str, int]  # decoder layers per device (where they compute: accelerate's execution device)
     windows: tuple = ()  # per decoder layer: its sliding window W, None for full attention (() : none windowed)
     manual: bool = False  # learned sinks or logit soft-capping: the fused (or eager) attention, never SDPA / flash
+    layers: dict[str, int]  # decoder layers per device (where they compute: accelerate's execution device)
+    onload: dict[str, int] = field(default_factory=dict)  # the largest offloaded layer's weights per device
 
     @property
     def elem(self) -> int:
@@ -112,11 +118,15 @@ class ModelShape:
         decoder_layers = model.get_decoder().layers
         weights: dict[str, int] = {}
         for t in [*model.parameters(), *model.buffers()]:  # tied weights are yielded once
-            weights[str(t.device)] = weights.get(str(t.device), 0) + t.numel() * t.element_size()
+            if t.device.type != "meta":  # offloaded (accelerate: CPU RAM or disk between forwards): no device's
+                weights[str(t.device)] = weights.get(str(t.device), 0) + t.numel() * t.element_size()
         layers: dict[str, int] = {}
+        onload: dict[str, int] = {}
         for layer in decoder_layers:
-            d = str(next(layer.parameters()).device)
+            d = str(layer_device(layer))
             layers[d] = layers.get(d, 0) + 1
+            off = sum(p.numel() * p.element_size() for p in layer.parameters() if p.device.type == "meta")
+            onload[d] = max(onload.get(d, 0), off)  # an offloaded layer's weights, on its device for its forward
         return cls(
             hidden=cfg.hidden_size,
             intermediate=cfg.intermediate_size,
@@ -131,6 +141,7 @@ class ModelShape:
             layers=layers,
             windows=k.windows,
             manual=k.sinks or k.softcap is not None,
+            onload={d: b for d, b in onload.items() if b},
         )
 
 
@@ -337,7 +348,8 @@ def account(
             if policy.evicts and cap > need and any(e[0] == gi for e in evictions):
                 transients.append(_cache_bytes(s, B, len(layers), need, policy))
         kv = sum(_cache_bytes(s, B, len(groups[gi][1]), groups[gi][2], policy, groups[gi][4]) for gi in mine)
-        devices[dev] = Footprint(weights=s.weights.get(dev, 0), kv_cache=kv, transient=max(transients))
+        onload = s.onload.get(dev, 0)  # an offloaded layer's weights, brought here for its forward (accelerate)
+        devices[dev] = Footprint(weights=s.weights.get(dev, 0), kv_cache=kv, transient=max(transients) + onload)
     for dev, w in s.weights.items():  # devices with weights but no decoder layer (e.g. the lm_head's)
         devices.setdefault(dev, Footprint(weights=w, kv_cache=0, transient=0))
     return Account(devices)
