@@ -113,6 +113,23 @@ def search_check(candidates: Sequence[int], searched: int | None, searched_b0: i
             "predicted": predicted, "predicted_b0": predicted_b0, "leaked_bytes": list(leaked)}
 
 
+SEARCH_MAX = 240  # the search's largest candidate
+
+
+def search_samples(budget_batch: int) -> int:
+    """The sample count for the search check: the search's candidates (divisors of 960 up to SEARCH_MAX) are
+    capped at the sample count, and the search doubles past the budget's batch before it bisects, so every
+    candidate up to twice the one after `budget_batch` must stay. ValueError: not a divisor of 960 below
+    SEARCH_MAX (the budget is set between its accounted peak and the next candidate's)."""
+    from kvbench.config import DIVISORS_OF_960
+
+    cands = [c for c in DIVISORS_OF_960 if c <= SEARCH_MAX]
+    if budget_batch not in cands[:-1]:
+        raise ValueError(f"--budget-batch must be a divisor of 960 below {SEARCH_MAX}: {budget_batch}")
+    nxt = cands[cands.index(budget_batch) + 1]
+    return next((c for c in cands if c >= 2 * nxt), SEARCH_MAX)
+
+
 def runs_check(statuses: Sequence[str]) -> dict:
     return {"ok": bool(statuses) and all(s == "ok" for s in statuses), "statuses": list(statuses)}
 
@@ -247,9 +264,10 @@ def check_search_and_two_batches(args, tmp, base: Sequence[str] = GPU) -> list[d
     from kvbench import memory, runner, search
     from kvbench.config import build_policy, build_task, search_candidates
 
+    n_samples = search_samples(args.budget_batch)  # the search caps its candidates at the sample count
     common = [*base, "task=passkey", f"task.context_tokens={args.prompt_tokens}",
-              "task.n_samples=8", f"gen.max_new_tokens={args.new_tokens}", "gen.ignore_eos=true",
-              "policy=full", "search.candidates=divisors_of_960", "search.max=240", f"results_dir={tmp}"]
+              f"task.n_samples={n_samples}", f"gen.max_new_tokens={args.new_tokens}", "gen.ignore_eos=true",
+              "policy=full", "search.candidates=divisors_of_960", f"search.max={SEARCH_MAX}", f"results_dir={tmp}"]
     cfg = _compose(*common)
     lm = runner.load_model(cfg)
     task, policy = build_task(cfg), build_policy(cfg)
@@ -262,7 +280,7 @@ def check_search_and_two_batches(args, tmp, base: Sequence[str] = GPU) -> list[d
                               score_chunk=cfg.gen.score_chunk).total
 
     # a budget halfway between the accounted peaks of --budget-batch and the next candidate
-    i = candidates.index(args.budget_batch)
+    i = candidates.index(args.budget_batch)  # search_samples made sure it and the next one are candidates
     budget = (accounted(candidates[i]) + accounted(candidates[i + 1])) / 2 / memory.GiB
     fits = {b: accounted(b) <= budget * memory.GiB for b in candidates}
     predicted, predicted_b0 = predicted_search(candidates, fits)

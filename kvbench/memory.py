@@ -22,7 +22,9 @@ I MLP width, V vocabulary, Hq / H query / KV heads, D head dim, L layers on the 
         + the largest of: MLP 3·B·T·I·e (4 with Phi-3's fused gate_up);
                           RoPE 4·B·T·Hq·D·e (+ Phi-3's fused qkv output in every attention phase);
                           SDPA 2·B·T·Hq·D·e + B·T·N·e (mask as float) + kernel workspace (CPU: the
-                          flash kernel's per-thread blocks; CUDA: the logsumexp B·Hq·T·4);
+                          flash kernel's per-thread blocks; CUDA: the logsumexp B·Hq·T·4) + on CUDA
+                          with GQA, K/V expanded per query head 2·B·Hq·N·D·e (no fused kernel takes
+                          GQA and a mask; charged for every forward, masked or not: an upper bound);
                           scores (scored policies) 2·B·T·Hq·D·e + B·Hq·t·(N·a + D·e) + O(B·H·N),
                           a = max(4, e), t = min(T, 2·score_chunk) (a chunk's scores are computed
                           while the previous chunk's are alive);
@@ -109,7 +111,7 @@ class ModelShape:
 
     @property
     def elem(self) -> int:
-        return torch.empty((), dtype=self.dtype).element_size()
+        return torch.empty((), dtype=self.dtype, device="cpu").element_size()
 
     @classmethod
     def of(cls, model) -> ModelShape:
@@ -219,7 +221,9 @@ def _forward_bytes(
     else:
         workspace = _cpu_sdpa_workspace(T, N, D, e) if cpu else B * Hq * T * 4  # CUDA: the logsumexp
         mask = B * T * N * e if attention != "flash" else 0  # SDPA's float copy of the bool mask
-        phases.append(qkv + 2 * q + mask + workspace)
+        # CUDA SDPA, GQA with a mask: kvbench.attention._sdpa expands K/V per query head (no fused kernel has both)
+        rep = 2 * B * Hq * N * D * e if not cpu and attention != "flash" and Hq != s.kv_heads else 0
+        phases.append(qkv + 2 * q + mask + workspace + rep)
         if scored:  # kvbench.attention.attention_stats: one in-place score buffer per chunk of queries
             a = max(4, e)
             alive = min(T, 2 * chunk)  # queries whose scores are alive: a chunk's, while the last one's still are
@@ -273,9 +277,9 @@ def _walk(lengths: list[int], policy, max_new_tokens: int, prefill_chunk: int | 
     """
     B = len(lengths)
     plan = prefill_plan(lengths, policy, prefill_chunk, full_budgets)
-    one = torch.ones(B, dtype=torch.long)
+    one = torch.ones(B, dtype=torch.long, device="cpu")
     steps = [(r, True, k == len(plan) - 1) for k, r in enumerate(plan)] + [(one, False, True)] * (max_new_tokens - 1)
-    ns = [torch.zeros(B, dtype=torch.long) for _ in groups]  # pairs held per sample, per group
+    ns = [torch.zeros(B, dtype=torch.long, device="cpu") for _ in groups]  # pairs held per sample, per group
     forwards, evictions = set(), set()
     for i, (r, prefill, logits) in enumerate(steps):
         for gi, (_, _, cap, budget, window) in enumerate(groups):
@@ -324,7 +328,7 @@ def account(
                             widest)
     groups = layout(layer_devices, caps, budgets, windows)
     if budgets is None:  # the full cache: one row of "never" budgets
-        groups = [(d, ls, c, torch.full((B,), c, dtype=torch.long), w) for d, ls, c, _, w in groups]
+        groups = [(d, ls, c, torch.full((B,), c, dtype=torch.long, device="cpu"), w) for d, ls, c, _, w in groups]
     scored = policy.needs_attention
     forwards, evictions = _walk(lengths, policy, max_new_tokens, prefill_chunk, groups, full_budgets)
     devices = {}
@@ -420,12 +424,22 @@ def apply_cuda_cap(budget: Budget | None) -> None:
 
 
 # --------------------------------------------------------------------------------------------- measurement
+OOM_MESSAGES = (  # lower case; what a library says when an allocation inside it failed
+    "out of memory",  # PyTorch's caching allocator, "CUDA error: out of memory"
+    "can't allocate memory",  # the CPU allocator
+    "cublas_status_alloc_failed",  # cuBLAS's workspace or handle (e.g. the first matmul of a new shape)
+    "cudnn_status_alloc_failed",
+    "cusolver_status_alloc_failed",
+    "cufft_alloc_failed",
+    "cudaerrormemoryallocation",
+)
+
+
 def is_oom(e: BaseException) -> bool:
-    """A real or accounted out-of-memory (CUDA allocator, CPU allocator, kvbench's account)."""
+    """A real or accounted out-of-memory (CUDA allocator, CUDA libraries' own allocations, CPU allocator,
+    kvbench's account)."""
     text = str(e).lower()
-    return isinstance(e, (OutOfMemory, torch.cuda.OutOfMemoryError)) or "out of memory" in text or (
-        "can't allocate memory" in text
-    )
+    return isinstance(e, (OutOfMemory, torch.cuda.OutOfMemoryError)) or any(m in text for m in OOM_MESSAGES)
 
 
 OOM_KINDS = ("accounted", "measured")
@@ -450,6 +464,12 @@ def reset_peaks(devices: list[torch.device]) -> None:
 def measured_peaks(devices: list[torch.device]) -> dict[str, int]:
     """torch.cuda.max_memory_allocated per device since the last `reset_peaks`."""
     return {str(d): torch.cuda.max_memory_allocated(d) for d in devices}
+
+
+def reserved_peaks(devices: list[torch.device]) -> dict[str, int]:
+    """torch.cuda.max_memory_reserved per device since the last `reset_peaks`: what the allocator held from
+    CUDA (allocated + its cache and fragmentation), the figure the CUDA cap (`apply_cuda_cap`) limits."""
+    return {str(d): torch.cuda.max_memory_reserved(d) for d in devices}
 
 
 def release() -> None:

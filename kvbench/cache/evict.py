@@ -114,7 +114,7 @@ def evict(g, rows: torch.Tensor, keep: torch.Tensor, policy: Policy, *, seen: to
         N, dev, every = int(n_rows.max()), g.device, bool(rows.all())
         h = to_device({  # every host index tensor of this eviction in one non-blocking copy (no device sync)
             "sel": None if every else rows.nonzero()[:, 0], "last": seen[rows] - 1, "n": n_rows, "keep": k_rows,
-            "layers": torch.tensor(g.layers), "recent": policy.recent_pairs(budget)[rows],
+            "layers": torch.tensor(g.layers, device="cpu"), "recent": policy.recent_pairs(budget)[rows],
             "qpos": qpos[rows] if policy.query_window else None,
             "shift": k_rows - n_rows if g.q is not None and inv_freq is not None else None}, dev)
         sel = slice(None) if every else h["sel"]

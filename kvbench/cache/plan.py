@@ -41,7 +41,7 @@ class Step:
 def right_aligned(r: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(real, j), both (R, width): whether each column holds a real token of row b (its r_b tokens are the
     last r_b columns) and the token's index among the row's new tokens (negative for pads)."""
-    j = torch.arange(width)[None, :] - (width - r.to(torch.long))[:, None]
+    j = torch.arange(width, device="cpu")[None, :] - (width - r.to(torch.long))[:, None]
     return j >= 0, j
 
 
@@ -55,7 +55,7 @@ def plan_forward(groups, seen: torch.Tensor, r: torch.Tensor, width: int) -> tup
     r = r.to(torch.long)
     real, j = right_aligned(r, T)
     positions = torch.where(real, seen[:, None] + j, torch.zeros_like(j))
-    shared = dict(b_idx=torch.arange(B)[:, None].expand(B, T), positions=positions.to(torch.int32), real=real,
+    shared = dict(b_idx=torch.arange(B, device="cpu")[:, None].expand(B, T), positions=positions.to(torch.int32), real=real,
                   all_real=bool(real.all()), active=r > 0, T=T, j=j)
     per_group = []
     for g in groups:
@@ -82,16 +82,20 @@ def plan_forward(groups, seen: torch.Tensor, r: torch.Tensor, width: int) -> tup
     return shared, per_group
 
 
-def to_device(parts: dict[str, torch.Tensor | None], device: torch.device) -> dict[str, torch.Tensor | None]:
+def to_device(parts: dict[str, torch.Tensor | None], device: torch.device,
+              pack: bool | None = None) -> dict[str, torch.Tensor | None]:
     """Host tensors (integer or bool) moved to `device` in ONE copy that never waits for the device.
 
     A blocking host-to-device copy waits for every kernel queued before it (a stream sync on CUDA); this one
     packs the parts into one int64 buffer, pinned on CUDA, copied with non_blocking=True, and unpacks views
     on the device: the number of copies per forward does not grow with the groups of layers or the policy.
+    On the CPU (`pack` defaults to False there) each part is its own no-op non-blocking `.to`.
     """
     device = torch.device(device)
+    if not (device.type != "cpu" if pack is None else pack):
+        return {k: None if x is None else x.to(device, non_blocking=True) for k, x in parts.items()}
     keys = [k for k, x in parts.items() if x is not None]
-    flat = torch.cat([parts[k].reshape(-1).to(torch.long) for k in keys]) if keys else torch.zeros(0, dtype=torch.long)
+    flat = torch.cat([parts[k].reshape(-1).to(torch.long) for k in keys]) if keys else torch.zeros(0, dtype=torch.long, device="cpu")
     if device.type == "cuda":
         flat = flat.pin_memory()  # the caching host allocator keeps it alive until the copy has run
     flat = flat.to(device, non_blocking=True)
