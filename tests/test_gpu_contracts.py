@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import pytest
@@ -246,3 +247,68 @@ def test_host_syncs_per_decode_step_do_not_grow_with_layer_groups(ignore_eos):
         slopes[name] = (long - short) / 32
     bound = 0 if ignore_eos else 1 / engine.EOS_CHECK_EVERY
     assert slopes["pyramidkv"] == slopes["batch_max"] <= bound, (slopes, events[-20:])
+
+
+# ------------------------------------------------------------------------------------------- kernels and copies
+def test_cuda_sdpa_with_gqa_and_a_mask_expands_kv_and_is_charged(tiny_llama, monkeypatch):
+    """No fused CUDA kernel takes GQA and a mask: SDPA would fall back to its math kernel (the probabilities
+    materialised). kvbench expands K/V itself there, and the account charges the expanded copies."""
+    import torch.nn.functional as F
+
+    cfg = tiny_llama.model.config
+    assert cfg.num_attention_heads != cfg.num_key_value_heads  # the tiny Llama has GQA
+    calls = []
+    real_sdpa = F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False, **kw):
+        calls.append((attn_mask is not None, enable_gqa, q.shape[1] == k.shape[1]))
+        return real_sdpa(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, **kw)
+
+    prompts = random_prompts((37, 12, 25, 40), seed=16)
+    policy = BatchMax(kv_size=24, evict_every=8)
+    want = engine.generate(tiny_llama.model, tiny_llama.tokenizer, prompts, policy, 4, max_new_tokens=6,
+                           attention="sdpa").token_ids
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(attention, "EXPAND_GQA_DEVICES", {"cuda", "cpu"})  # the CPU takes CUDA's path
+    got = engine.generate(tiny_llama.model, tiny_llama.tokenizer, prompts, policy, 4, max_new_tokens=6,
+                          attention="sdpa").token_ids
+    assert got == want
+    masked = [c for c in calls if c[0]]
+    assert masked and not any(gqa for _, gqa, _ in masked) and all(same for _, _, same in masked)
+    s = memory.ModelShape.of(tiny_llama.model)
+    B, T, N = 4, 1, 4000  # the attention phase is the largest with or without the copies
+    cuda = memory._forward_bytes(s, B, T, N, 40, False, False, 64, cpu=False)
+    mha = memory._forward_bytes(dataclasses.replace(s, kv_heads=s.q_heads), B, T, N, 40, False, False, 64,
+                                cpu=False)
+    assert cuda - mha == 2 * B * s.q_heads * N * s.head_dim * s.elem
+
+
+@pytest.mark.parametrize("name", ["knorm", "keydiff"])
+def test_key_norm_policies_never_copy_every_key_to_float32(name):
+    """The score of a half-precision cache upcasts one layer of keys at a time, never all of them (which would
+    double the cache's memory and halve the policy's largest batch)."""
+    from torch.overrides import TorchFunctionMode
+
+    from kvbench.policies.base import ScoreStats
+
+    L, B, H, N, D = 6, 2, 2, 32, 16
+    keys = torch.randn(L, B, H, N, D, dtype=torch.bfloat16)
+    stats = ScoreStats(pos=torch.arange(N).expand(L, B, H, N), last=torch.full((1, B, 1, 1), N - 1),
+                       n=torch.full((1, B, 1, 1), N), keys=keys)
+    biggest = []
+
+    class Largest(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor) and out.dtype == torch.float32:
+                biggest.append(out.numel())
+            return out
+
+    policy = registry()[name](kv_size=24, evict_every=8)
+    with Largest():
+        score = policy.score(stats)
+    assert score.shape == (L, B, H, N)
+    assert max(biggest) <= B * H * N * D < keys.numel()  # one layer's keys at most
+    exact = -torch.linalg.vector_norm(keys.double(), dim=-1)
+    if name == "knorm":
+        torch.testing.assert_close(score.double(), exact, rtol=1e-2, atol=1e-2)
