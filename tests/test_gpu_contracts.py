@@ -312,3 +312,43 @@ def test_key_norm_policies_never_copy_every_key_to_float32(name):
     exact = -torch.linalg.vector_norm(keys.double(), dim=-1)
     if name == "knorm":
         torch.testing.assert_close(score.double(), exact, rtol=1e-2, atol=1e-2)
+
+
+# ------------------------------------------------------------------------------------------- timing and the allocator
+def test_warmup_is_on_by_default_on_cuda_only():
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from kvbench.runner import warmup_of
+
+    def model(kind):
+        return SimpleNamespace(device=torch.device(kind, 0) if kind == "cuda" else torch.device(kind))
+
+    for value, kind, want in ((None, "cuda", True), (None, "cpu", False), (False, "cuda", False), (True, "cpu", True)):
+        cfg = OmegaConf.create({"gen": {"warmup": value}})
+        assert warmup_of(cfg, model(kind)) is want
+
+
+def test_the_accounts_are_computed_before_the_clock_starts(tiny_llama, monkeypatch):
+    """wall_s times generation only: every batch's account is replayed before the first timed forward."""
+    events = []
+    real = memory.account
+    monkeypatch.setattr(memory, "account", lambda *a, **k: events.append("account") or real(*a, **k))
+    prompts = random_prompts((37, 12, 25, 40, 9, 30), seed=17)
+    engine.generate(tiny_llama.model, tiny_llama.tokenizer, prompts, BatchMax(kv_size=24, evict_every=8), 2,
+                    max_new_tokens=3, observer=lambda event, cache: events.append(event))
+    assert events.count("account") == 3  # three batches of two, all of different lengths
+    assert max(i for i, e in enumerate(events) if e == "account") < events.index("forward")
+
+
+@pytest.mark.parametrize("message, oom", [
+    ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", True),
+    ("cuDNN error: CUDNN_STATUS_ALLOC_FAILED", True),
+    ("CUDA error: out of memory", True),
+    ("cudaErrorMemoryAllocation", True),
+    ("CUDA error: CUBLAS_STATUS_EXECUTION_FAILED", False),
+    ("key.device: meta", False),
+])
+def test_is_oom_knows_the_cuda_libraries_allocation_failures(message, oom):
+    assert memory.is_oom(RuntimeError(message)) is oom
