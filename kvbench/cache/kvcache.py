@@ -170,10 +170,7 @@ class KVCache(Cache):
         """The current forward's Step for `layer`'s group, on its device (built once per group per forward)."""
         g = self._where[layer][0]
         if g.index not in self._steps:  # every group on its device at once: one copy per device per forward
-            mine = [h for h in self._groups if h.device == g.device]
-            dev = plan.upload(self._plan[0], [self._plan[1][h.index] for h in mine], g.device)
-            for i, h in enumerate(mine):
-                self._steps[h.index] = plan.step(self._plan[0], self._plan[1][h.index], h.device, dev, i)
+            self._steps.update(plan.device_steps(self._plan, self._groups, g.device))
         return self._steps[g.index]
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -115,6 +115,14 @@ def upload(shared: dict, mine: list[dict], device: torch.device) -> dict:
     return to_device(parts, device)
 
 
+def device_steps(forward_plan: tuple, groups, device: torch.device) -> dict[int, Step]:
+    """The Steps of every group on `device` ({group index: Step}), from one `upload`."""
+    shared, per_group = forward_plan
+    mine = [g for g in groups if g.device == device]
+    dev = upload(shared, [per_group[g.index] for g in mine], device)
+    return {g.index: step(shared, per_group[g.index], device, dev, i) for i, g in enumerate(mine)}
+
+
 def step(shared: dict, mine: dict, device: torch.device, dev: dict | None = None, i: int = 0) -> Step:
     """A group's plan (`plan_forward`'s shared and own parts) on its device; `dev`: `upload`'s tensors, the
     group's own at index i (made here when not given)."""
