@@ -119,16 +119,18 @@ class ModelShape:
         k = kinds(cfg)  # the family's adapter: heads, head size, windows (a refused family raises ConfigError)
         decoder_layers = model.get_decoder().layers
         weights: dict[str, int] = {}
+        dispatched = getattr(model, "hf_device_map", None) is not None  # accelerate: meta = offloaded (CPU RAM, disk)
         for t in [*model.parameters(), *model.buffers()]:  # tied weights are yielded once
-            if t.device.type != "meta":  # offloaded (accelerate: CPU RAM or disk between forwards): no device's
+            if not (dispatched and t.device.type == "meta"):  # offloaded weights are no device's
                 weights[str(t.device)] = weights.get(str(t.device), 0) + t.numel() * t.element_size()
         layers: dict[str, int] = {}
         onload: dict[str, int] = {}
         for layer in decoder_layers:
             d = str(layer_device(layer))
             layers[d] = layers.get(d, 0) + 1
-            off = sum(p.numel() * p.element_size() for p in layer.parameters() if p.device.type == "meta")
-            onload[d] = max(onload.get(d, 0), off)  # an offloaded layer's weights, on its device for its forward
+            if dispatched and d != "meta":  # an offloaded layer's weights, on its device for its forward
+                off = sum(p.numel() * p.element_size() for p in layer.parameters() if p.device.type == "meta")
+                onload[d] = max(onload.get(d, 0), off)
         return cls(
             hidden=cfg.hidden_size,
             intermediate=cfg.intermediate_size,
