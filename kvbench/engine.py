@@ -40,8 +40,8 @@ from kvbench import memory
 from kvbench.attention import SCORE_CHUNK, kv_attention, resolve_backend
 from kvbench.cache import KVCache, layer_capacities
 from kvbench.cache.evict import trim_windows
-from kvbench.models import family
 from kvbench.cache.plan import to_device
+from kvbench.models import family
 from kvbench.models.compat import cache_kwarg
 from kvbench.models.geometry import model_geometry, rope_inv_freq
 from kvbench.policies.base import Policy
