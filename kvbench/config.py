@@ -35,7 +35,7 @@ class GenConfig:
     prefill_chunk: int | None = None  # default: whole prompt (no prefill eviction) or evict_every
     score_chunk: int = 64  # queries per chunk when computing attention weights for scores
     attention: str = "auto"  # auto | sdpa | flash | eager (the paper's: transformers' eager path) | fused (kvbench.attention)
-    warmup: bool = False  # run one untimed batch first
+    warmup: bool | None = None  # run one untimed batch first; null: on CUDA only (its lazy setup is not timed)
 
 
 @dataclass
@@ -237,6 +237,9 @@ def validate(cfg: DictConfig) -> None:
 
     if cfg.gen.attention not in BACKENDS:
         raise ConfigError("gen.attention", f"must be one of {', '.join(BACKENDS)}", cfg.gen.attention)
+    if cfg.gen.attention == "flash" and cfg.model.get("dtype") in ("float32", "float64"):
+        raise ConfigError("gen.attention", f"flash computes in half precision only (model.dtype="
+                          f"{cfg.model.get('dtype')}): set model.dtype=float16 or bfloat16, or gen.attention=sdpa", "flash")
     if cfg.gen.attention == "flash" and not flash_available():
         raise ConfigError("gen.attention", "flash needs CUDA and the flash extra (pip install 'kvbench[flash]')", "flash")
     if cfg.gen.score_chunk <= 0:

@@ -22,7 +22,9 @@ I MLP width, V vocabulary, Hq / H query / KV heads, D head dim, L layers on the 
         + the largest of: MLP 3·B·T·I·e (4 with Phi-3's fused gate_up);
                           RoPE 4·B·T·Hq·D·e (+ Phi-3's fused qkv output in every attention phase);
                           SDPA 2·B·T·Hq·D·e + B·T·N·e (mask as float) + kernel workspace (CPU: the
-                          flash kernel's per-thread blocks; CUDA: the logsumexp B·Hq·T·4);
+                          flash kernel's per-thread blocks; CUDA: the logsumexp B·Hq·T·4) + on CUDA
+                          with GQA, K/V expanded per query head 2·B·Hq·N·D·e (no fused kernel takes
+                          GQA and a mask; charged for every forward, masked or not: an upper bound);
                           scores (scored policies) 2·B·T·Hq·D·e + B·Hq·t·(N·a + D·e) + O(B·H·N),
                           a = max(4, e), t = min(T, 2·score_chunk) (a chunk's scores are computed
                           while the previous chunk's are alive);
@@ -53,7 +55,10 @@ I MLP width, V vocabulary, Hq / H query / KV heads, D head dim, L layers on the 
 Per-sample budgets (kv_ratio) and per-layer ones (PyramidKV) are replayed group by group: a forward's
 N is the largest group's, its masks are one per group (B·T·N_g each), an eviction of a group is charged
 with that group's layers, and keep is the largest kept count of its rows (the gather's width).
-Each device of a `device_map` split is charged the whole transient (an upper bound). Not counted:
+Each device of a `device_map` split is charged the whole transient (an upper bound). Layers offloaded by
+accelerate (their parameters on `meta`, in CPU RAM or on disk between forwards) are charged to the device
+they compute on (their hook's execution device): their weights are no device's, and that device's
+transient includes the largest offloaded layer's weights (brought in for its forward). Not counted:
 Python objects, allocator fragmentation and caching, the CUDA context.
 The terms follow the code paths kvbench runs (transformers' Llama / Phi-3 layers, kvbench's
 attention and cache); tests/test_memory.py checks the account against the tensor bytes actually
@@ -63,7 +68,7 @@ allocated on CPU.
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -71,6 +76,7 @@ from kvbench.attention import BACKENDS, resolve
 from kvbench.cache import KVCache, layer_capacities, layout
 from kvbench.errors import ConfigError, OutOfMemory
 from kvbench.models.family import effective_windows, kinds
+from kvbench.models.geometry import layer_device
 from kvbench.schedule import prefill_plan, rows_to_evict
 
 GiB = 2**30
@@ -97,13 +103,15 @@ class ModelShape:
     mlp_buffers: int  # (B, T, I) tensors alive in the MLP
     fused_qkv: bool  # Phi-3: q, k, v are views of one projection, alive through the attention
     weights: dict[str, int]  # bytes per device
-    layers: dict[str, int]  # decoder layers per device
+    layers: dict[str, int]  # decoder layers per device (where they compute: accelerate's execution device)
     windows: tuple = ()  # per decoder layer: its sliding window W, None for full attention (() : none windowed)
     manual: bool = False  # learned sinks or logit soft-capping: the fused (or eager) attention, never SDPA / flash
+    layers: dict[str, int]  # decoder layers per device (where they compute: accelerate's execution device)
+    onload: dict[str, int] = field(default_factory=dict)  # the largest offloaded layer's weights per device
 
     @property
     def elem(self) -> int:
-        return torch.empty((), dtype=self.dtype).element_size()
+        return torch.empty((), dtype=self.dtype, device="cpu").element_size()
 
     @classmethod
     def of(cls, model) -> ModelShape:
@@ -111,12 +119,18 @@ class ModelShape:
         k = kinds(cfg)  # the family's adapter: heads, head size, windows (a refused family raises ConfigError)
         decoder_layers = model.get_decoder().layers
         weights: dict[str, int] = {}
+        dispatched = getattr(model, "hf_device_map", None) is not None  # accelerate: meta = offloaded (CPU RAM, disk)
         for t in [*model.parameters(), *model.buffers()]:  # tied weights are yielded once
-            weights[str(t.device)] = weights.get(str(t.device), 0) + t.numel() * t.element_size()
+            if not (dispatched and t.device.type == "meta"):  # offloaded weights are no device's
+                weights[str(t.device)] = weights.get(str(t.device), 0) + t.numel() * t.element_size()
         layers: dict[str, int] = {}
+        onload: dict[str, int] = {}
         for layer in decoder_layers:
-            d = str(next(layer.parameters()).device)
+            d = str(layer_device(layer))
             layers[d] = layers.get(d, 0) + 1
+            if dispatched and d != "meta":  # an offloaded layer's weights, on its device for its forward
+                off = sum(p.numel() * p.element_size() for p in layer.parameters() if p.device.type == "meta")
+                onload[d] = max(onload.get(d, 0), off)
         return cls(
             hidden=cfg.hidden_size,
             intermediate=cfg.intermediate_size,
@@ -131,6 +145,7 @@ class ModelShape:
             layers=layers,
             windows=k.windows,
             manual=k.sinks or k.softcap is not None,
+            onload={d: b for d, b in onload.items() if b},
         )
 
 
@@ -208,7 +223,9 @@ def _forward_bytes(
     else:
         workspace = _cpu_sdpa_workspace(T, N, D, e) if cpu else B * Hq * T * 4  # CUDA: the logsumexp
         mask = B * T * N * e if attention != "flash" else 0  # SDPA's float copy of the bool mask
-        phases.append(qkv + 2 * q + mask + workspace)
+        # CUDA SDPA, GQA with a mask: kvbench.attention._sdpa expands K/V per query head (no fused kernel has both)
+        rep = 2 * B * Hq * N * D * e if not cpu and attention != "flash" and Hq != s.kv_heads else 0
+        phases.append(qkv + 2 * q + mask + workspace + rep)
         if scored:  # kvbench.attention.attention_stats: one in-place score buffer per chunk of queries
             a = max(4, e)
             alive = min(T, 2 * chunk)  # queries whose scores are alive: a chunk's, while the last one's still are
@@ -262,9 +279,9 @@ def _walk(lengths: list[int], policy, max_new_tokens: int, prefill_chunk: int | 
     """
     B = len(lengths)
     plan = prefill_plan(lengths, policy, prefill_chunk, full_budgets)
-    one = torch.ones(B, dtype=torch.long)
+    one = torch.ones(B, dtype=torch.long, device="cpu")
     steps = [(r, True, k == len(plan) - 1) for k, r in enumerate(plan)] + [(one, False, True)] * (max_new_tokens - 1)
-    ns = [torch.zeros(B, dtype=torch.long) for _ in groups]  # pairs held per sample, per group
+    ns = [torch.zeros(B, dtype=torch.long, device="cpu") for _ in groups]  # pairs held per sample, per group
     forwards, evictions = set(), set()
     for i, (r, prefill, logits) in enumerate(steps):
         for gi, (_, _, cap, budget, window) in enumerate(groups):
@@ -313,7 +330,7 @@ def account(
                             widest)
     groups = layout(layer_devices, caps, budgets, windows)
     if budgets is None:  # the full cache: one row of "never" budgets
-        groups = [(d, ls, c, torch.full((B,), c, dtype=torch.long), w) for d, ls, c, _, w in groups]
+        groups = [(d, ls, c, torch.full((B,), c, dtype=torch.long, device="cpu"), w) for d, ls, c, _, w in groups]
     scored = policy.needs_attention
     forwards, evictions = _walk(lengths, policy, max_new_tokens, prefill_chunk, groups, full_budgets)
     devices = {}
@@ -337,7 +354,8 @@ def account(
             if policy.evicts and cap > need and any(e[0] == gi for e in evictions):
                 transients.append(_cache_bytes(s, B, len(layers), need, policy))
         kv = sum(_cache_bytes(s, B, len(groups[gi][1]), groups[gi][2], policy, groups[gi][4]) for gi in mine)
-        devices[dev] = Footprint(weights=s.weights.get(dev, 0), kv_cache=kv, transient=max(transients))
+        onload = s.onload.get(dev, 0)  # an offloaded layer's weights, brought here for its forward (accelerate)
+        devices[dev] = Footprint(weights=s.weights.get(dev, 0), kv_cache=kv, transient=max(transients) + onload)
     for dev, w in s.weights.items():  # devices with weights but no decoder layer (e.g. the lm_head's)
         devices.setdefault(dev, Footprint(weights=w, kv_cache=0, transient=0))
     return Account(devices)
@@ -408,12 +426,22 @@ def apply_cuda_cap(budget: Budget | None) -> None:
 
 
 # --------------------------------------------------------------------------------------------- measurement
+OOM_MESSAGES = (  # lower case; what a library says when an allocation inside it failed
+    "out of memory",  # PyTorch's caching allocator, "CUDA error: out of memory"
+    "can't allocate memory",  # the CPU allocator
+    "cublas_status_alloc_failed",  # cuBLAS's workspace or handle (e.g. the first matmul of a new shape)
+    "cudnn_status_alloc_failed",
+    "cusolver_status_alloc_failed",
+    "cufft_alloc_failed",
+    "cudaerrormemoryallocation",
+)
+
+
 def is_oom(e: BaseException) -> bool:
-    """A real or accounted out-of-memory (CUDA allocator, CPU allocator, kvbench's account)."""
+    """A real or accounted out-of-memory (CUDA allocator, CUDA libraries' own allocations, CPU allocator,
+    kvbench's account)."""
     text = str(e).lower()
-    return isinstance(e, (OutOfMemory, torch.cuda.OutOfMemoryError)) or "out of memory" in text or (
-        "can't allocate memory" in text
-    )
+    return isinstance(e, (OutOfMemory, torch.cuda.OutOfMemoryError)) or any(m in text for m in OOM_MESSAGES)
 
 
 OOM_KINDS = ("accounted", "measured")
@@ -438,6 +466,12 @@ def reset_peaks(devices: list[torch.device]) -> None:
 def measured_peaks(devices: list[torch.device]) -> dict[str, int]:
     """torch.cuda.max_memory_allocated per device since the last `reset_peaks`."""
     return {str(d): torch.cuda.max_memory_allocated(d) for d in devices}
+
+
+def reserved_peaks(devices: list[torch.device]) -> dict[str, int]:
+    """torch.cuda.max_memory_reserved per device since the last `reset_peaks`: what the allocator held from
+    CUDA (allocated + its cache and fragmentation), the figure the CUDA cap (`apply_cuda_cap`) limits."""
+    return {str(d): torch.cuda.max_memory_reserved(d) for d in devices}
 
 
 def release() -> None:

@@ -13,7 +13,7 @@ Memory (kvbench.memory): `memory.budget_gb` caps every GPU before the model load
 against the weights once they are loaded; with `search.max_batch=true` the batch size comes from
 kvbench.search (`search.only=true` records the search and stops). The record carries the accounted
 peak and, on CUDA, `max_memory_allocated` per device (`peak_mem_bytes` = measured on CUDA,
-accounted on CPU). Loaded models are kept for the next run of the same process
+accounted on CPU) and `max_memory_reserved` (`peak_reserved_bytes_per_device`: what the CUDA cap limits). Loaded models are kept for the next run of the same process
 (Hydra's basic launcher runs a sweep's jobs in one process), keyed by the model config.
 """
 
@@ -97,6 +97,7 @@ def memory_fields(lm: LoadedModel | None, acc: memory.Account | None) -> dict:
     return {
         "peak_mem_bytes": sum(measured.values()) if measured else None,
         "peak_mem_bytes_per_device": measured or None,
+        "peak_reserved_bytes_per_device": memory.reserved_peaks(devices) if devices else None,  # CUDA only
         "accounted_mem_bytes": acc.total if acc is not None else None,
         "accounted_mem_bytes_per_device": accounted or None,
     }
@@ -109,6 +110,12 @@ def task_extensions(task) -> list[str]:
         ext.append("task: query_aware=false: the context is compressed before the question is prefilled "
                    "(kvpress's protocol)")
     return ext
+
+
+def warmup_of(cfg: DictConfig, model) -> bool:
+    """gen.warmup, or when null: on CUDA (lazy init, cuBLAS setup, flash's first call kept out of the timings)."""
+    w = cfg.gen.get("warmup")
+    return bool(w) if w is not None else model.device.type == "cuda"
 
 
 def new_record(cfg: DictConfig, policy, task) -> dict:
@@ -153,6 +160,7 @@ def new_record(cfg: DictConfig, policy, task) -> dict:
         "peak_kv_bytes": None,
         "peak_mem_bytes": None,
         "peak_mem_bytes_per_device": None,
+        "peak_reserved_bytes_per_device": None,
         "accounted_mem_bytes": None,
         "accounted_mem_bytes_per_device": None,
         "search": None,
@@ -189,7 +197,7 @@ def execute(
         score_chunk=cfg.gen.score_chunk,
         progress=True,
         budget=budget,
-        warmup=cfg.gen.warmup,
+        warmup=warmup_of(cfg, lm.model),
         attention=cfg.gen.attention,
         question_tokens=question_tokens(task, lm, samples, ids),
     )

@@ -57,7 +57,7 @@ def prefill_plan(lengths: list[int], policy: Policy, chunk: int | None,
         chunk = chunk or longest
         per_sample = [block_sizes(s, None, chunk, chunk) for s in lengths]
     steps = max(len(x) for x in per_sample)
-    table = torch.tensor([[0] * (steps - len(x)) + x for x in per_sample], dtype=torch.long)  # (B, K)
+    table = torch.tensor([[0] * (steps - len(x)) + x for x in per_sample], dtype=torch.long, device="cpu")  # (B, K)
     return list(table.T.unbind(0))
 
 

@@ -41,6 +41,7 @@ class Trial:
     accounted_mem_bytes: int
     leaked_bytes: int = 0  # memory not given back after an oom trial (should stay 0)
     oom_kind: str | None = None  # an oom trial's kind: "accounted" (CPU budget) or "measured" (an allocator's)
+    peak_reserved_bytes: int | None = None  # CUDA: max_memory_reserved, all devices (what the cap limits)
 
 
 @dataclass
@@ -126,7 +127,7 @@ def probe(cfg, lm, policy, ids: list[list[int]], batch_size: int, budget: memory
         status, kind = "oom", memory.oom_kind(e)  # leaving this block drops the traceback (and its frames)
     peak = sum(memory.measured_peaks(devices).values()) if devices else acc.total
     trial = Trial(batch_size=batch_size, status=status, peak_mem_bytes=peak, accounted_mem_bytes=acc.total,
-                  oom_kind=kind)
+                  oom_kind=kind, peak_reserved_bytes=sum(memory.reserved_peaks(devices).values()) if devices else None)
     if status == "oom":
         trial.leaked_bytes = memory.memory_level(devices) - before
         if trial.leaked_bytes:

@@ -132,13 +132,79 @@ def test_parity_glue_on_a_tiny_model(gc_mod, tiny_llama):
     assert all(r["ok"] and r["exact"] for r in rows), rows
 
 
-def test_search_glue_on_a_tiny_model(gc_mod, tmp_path):
-    """The search / two-batches glue on tiny-llama under the CPU's accounted budget: the search finds
-    exactly the accounted prediction, and two batches at that size run."""
-    from types import SimpleNamespace
-
-    args = SimpleNamespace(budget_batch=6, prompt_tokens=48, new_tokens=3)
+def test_search_glue_with_the_default_arguments(gc_mod, tmp_path):
+    """The search / two-batches glue with kvbench-gpu-check's DEFAULT arguments (budget batch 24, 1024-token
+    prompts, 32 new tokens) on tiny-llama under the CPU's accounted budget: the search finds exactly the
+    accounted prediction, and two batches at that size run. (With its defaults the glue once set
+    task.n_samples=8: the candidates were capped at 8 and `candidates.index(24)` raised on the first GPU run.)"""
+    args = gc_mod.parse([])
+    assert (args.budget_batch, args.prompt_tokens, args.new_tokens) == (24, 1024, 32)
     search, two = gc_mod.check_search_and_two_batches(args, tmp_path, base=("model=tiny-llama", "device=cpu"))
     assert search["check"] == "search" and search["ok"], search
-    assert (search["searched"], search["predicted"], search["searched_b0"]) == (6, 6, 8)
-    assert two == {"check": "two_batches", "batch_size": 6, "ok": True, "statuses": ["ok"]}
+    assert (search["searched"], search["predicted"], search["searched_b0"]) == (24, 24, 30)
+    assert two == {"check": "two_batches", "batch_size": 24, "ok": True, "statuses": ["ok"]}
+
+
+def test_search_samples_keep_the_candidates_the_search_needs(gc_mod):
+    from kvbench.config import DIVISORS_OF_960
+
+    assert gc_mod.search_samples(24) == 60  # the search doubles past 30 (the next candidate) before it bisects
+    assert gc_mod.search_samples(6) == 16 and gc_mod.search_samples(160) == 240
+    for bad in (7, 240, 480):
+        with pytest.raises(ValueError, match="divisor of 960 below 240"):
+            gc_mod.search_samples(bad)
+    cands = [c for c in DIVISORS_OF_960 if c <= gc_mod.SEARCH_MAX]
+    for b in cands[:-1]:  # every candidate up to twice the next one survives the cap
+        n = gc_mod.search_samples(b)
+        nxt = cands[cands.index(b) + 1]
+        assert n >= min(2 * nxt, gc_mod.SEARCH_MAX) and n in cands
+
+
+def test_a_bad_budget_batch_is_one_line_exit_2(gc_mod, capsys):
+    with pytest.raises(SystemExit) as exc:
+        gc_mod.main(["--budget-batch", "7"])
+    assert exc.value.code == 2 and "divisor of 960" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_main_runs_every_check_with_its_defaults(gc_mod, monkeypatch, capsys, gpus):
+    """main() with no arguments and CUDA faked: every check runs once with the default arguments, one JSON line
+    each and a summary; a check that raises is a failed line, not the end of the run."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    seen = []
+
+    def fake(name):
+        def check(args, tmp=None):
+            seen.append((name, args.budget_batch, args.prompt_tokens, args.new_tokens))
+            if name == "offload":
+                raise RuntimeError("boom")
+            return [{"check": name, "ok": True}]
+        return check
+
+    for name in ("check_parity", "check_memory", "check_syncs", "check_serve", "check_offload",
+                 "check_search_and_two_batches", "check_device_map"):
+        monkeypatch.setattr(gc_mod, name, fake(name.removeprefix("check_")))
+    assert gc_mod.main([]) == 1  # the offload check raised
+    want = ["parity", "memory", "syncs", "serve", "offload", "search_and_two_batches"] + (["device_map"] if gpus > 1
+                                                                                          else [])
+    assert [s[0] for s in seen] == want and all(s[1:] == (24, 1024, 32) for s in seen)
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert len(lines) == len(want) + 1 and lines[-1]["summary"] and lines[-1]["failed"] == ["offload"]
+    assert {"check": "offload", "ok": False, "error": "RuntimeError: boom"} in lines
+
+
+def test_transient_and_syncs_checks(gc_mod):
+    MiB = 2**20
+    ok = gc_mod.transient_check(1000 * MiB, resident=5000 * MiB, allocated=6050 * MiB, reserved=6400 * MiB)
+    assert ok["ok"] and ok["allocated_transient"] == 1050 * MiB and ok["reserved_ratio"] == 1.4
+    # a transient 30% over the account fails, though the total is within 5% (what comparing totals hid)
+    hidden = gc_mod.transient_check(1000 * MiB, resident=5000 * MiB, allocated=6300 * MiB, reserved=None)
+    assert not hidden["ok"] and gc_mod.memory_ratio(6000 * MiB, 6300 * MiB, 5000 * MiB)["ok"]
+    assert not gc_mod.transient_check(1000 * MiB, 5000 * MiB, 6000 * MiB, reserved=6600 * MiB)["ok"]  # reserved
+    assert gc_mod.transient_check(1 * MiB, 5000 * MiB, 5020 * MiB, None)["ok"]  # within the slack
+    assert gc_mod.syncs_check({"batch_max": 0.125, "pyramidkv": 0.125}, 0.125)["ok"]
+    assert not gc_mod.syncs_check({"batch_max": 0.125, "pyramidkv": 1.0}, 2.0)["ok"]  # grows with the groups
+    assert not gc_mod.syncs_check({"batch_max": 0.5}, 0.125)["ok"] and not gc_mod.syncs_check({}, 1)["ok"]

@@ -17,25 +17,28 @@ from __future__ import annotations
 import torch
 
 from kvbench.cache import rotate
+from kvbench.cache.plan import to_device
 from kvbench.policies.base import Policy, ScoreStats
 
 INF = float("inf")
 
 
 def select(score: torch.Tensor, pos: torch.Tensor, last: torch.Tensor, n: torch.Tensor, keep: torch.Tensor,
-           protect_first: int, recent: torch.Tensor) -> torch.Tensor:
+           protect_first: int, recent: torch.Tensor, most: int | None = None, ragged: bool | None = None
+           ) -> torch.Tensor:
     """Kept slots (L, B', H, K) in position order, K = keep.max().
 
     score, pos: (L, B', H, N); last: (1, B', 1, 1) last position processed; n, keep, recent: (B',) pairs
-    held, to keep, newest protected per row (on the score's device).
+    held, to keep, newest protected per row (on the score's device). `most` (K) and `ragged` (rows keep
+    different counts), known on the CPU, spare the two device syncs of reading them off `keep`.
     """
-    N, K = pos.shape[-1], int(keep.max())
+    N, K = pos.shape[-1], int(keep.max()) if most is None else most
     protected = (pos < protect_first) | (pos > last - recent[None, :, None, None])
     valid = torch.arange(N, device=pos.device) < n[None, :, None, None]
     score = score.float().masked_fill(protected, INF).masked_fill(~valid, -INF)
     # stable sort: ties keep position order, so the newer of equal pairs ranks higher
     order = torch.sort(score, dim=-1, stable=True).indices[..., N - K :]  # (L, B', H, K) the K best
-    ragged = bool((keep != K).any())
+    ragged = bool((keep != K).any()) if ragged is None else ragged
     if ragged:  # row b keeps its k_b best: the K - k_b lowest of the K go past the end, then clamp
         drop = torch.arange(K, device=pos.device) < (K - keep)[None, :, None, None]
         order = order.masked_fill(drop, N)
@@ -77,7 +80,7 @@ def keep_newest(g, rows: torch.Tensor, keep: torch.Tensor, sinks: int, gather_la
         part = rows & (g.n == c) & (keep == k)
         every = bool(part.all())
         overlap = c - recent < k  # source and target slots overlap: copy through a temporary
-        sel = slice(None) if every else part.nonzero()[:, 0].to(g.device)
+        sel = slice(None) if every else to_device({"sel": part.nonzero()[:, 0]}, g.device)["sel"]
         for x in g.tensors().values():  # (L, B, H, C+1[, D])
             step = gather_layers if x.dim() == 5 else len(g.layers)
             for l0 in range(0, len(g.layers), step):
@@ -108,21 +111,26 @@ def evict(g, rows: torch.Tensor, keep: torch.Tensor, policy: Policy, *, seen: to
         keep_newest(g, rows, keep, policy.protect_first, gather_layers)
     else:
         budget = keep + policy.evict_every if g.budget is None else g.budget  # (B,): what the rows may hold
-        N, dev = int(n_rows.max()), g.device
-        sel = slice(None) if bool(rows.all()) else rows.nonzero()[:, 0].to(dev)
-        last = (seen[rows] - 1).to(dev)[None, :, None, None]
+        N, dev, every = int(n_rows.max()), g.device, bool(rows.all())
+        h = to_device({  # every host index tensor of this eviction in one non-blocking copy (no device sync)
+            "sel": None if every else rows.nonzero()[:, 0], "last": seen[rows] - 1, "n": n_rows, "keep": k_rows,
+            "layers": torch.tensor(g.layers, device="cpu"), "recent": policy.recent_pairs(budget)[rows],
+            "qpos": qpos[rows] if policy.query_window else None,
+            "shift": k_rows - n_rows if g.q is not None and inv_freq is not None else None}, dev)
+        sel = slice(None) if every else h["sel"]
+        last = h["last"][None, :, None, None]
         t = {name: x[:, sel, :, :N] for name, x in g.tensors().items() if x.dim() == 4}  # (L, B', H, N) each
         stats = ScoreStats(
             pos=t["pos"], last=last, sum_w=t.get("sum_w"), last_w=t.get("last_w"),
-            n=n_rows.to(dev)[None, :, None, None], layers=torch.tensor(g.layers, device=dev)[:, None, None, None],
+            n=h["n"][None, :, None, None], layers=h["layers"][:, None, None, None],
             keys=g.k[:, sel, :, :N] if policy.needs_keys else None,
             queries=g.q[:, sel] if policy.query_window else None,
-            query_pos=qpos[rows].to(dev)[None, :, None, :] if policy.query_window else None,
+            query_pos=h["qpos"][None, :, None, :] if policy.query_window else None,
             scale=scale,
         )
-        kept = select(policy.score(stats), t["pos"], last, n_rows.to(dev), k_rows.to(dev), policy.protect_first,
-                      policy.recent_pairs(budget)[rows].to(dev))
+        kept = select(policy.score(stats), t["pos"], last, h["n"], h["keep"], policy.protect_first, h["recent"],
+                      most=int(k_rows.max()), ragged=bool((k_rows != k_rows.max()).any()))
         gather(g, sel, kept, t, N, gather_layers, inv_freq)
-        if g.q is not None and inv_freq is not None:  # kept queries follow the newest pairs
-            rotate.queries_follow(g, sel, (k_rows - n_rows).to(dev)[None, :, None, None], inv_freq)
+        if h["shift"] is not None:  # kept queries follow the newest pairs
+            rotate.queries_follow(g, sel, h["shift"][None, :, None, None], inv_freq)
     g.n = torch.where(rows, keep, g.n)

@@ -84,8 +84,8 @@ class KVCache(Cache):
         if self.rope_inv_freq is not None and len({tuple(g.budget.tolist()) for g in self._groups
                                                    if g.budget is not None}) > 1:
             raise ValueError("policy.rerotate=true needs the same budget in every layer (rotary positions are shared)")
-        self.seen = torch.zeros(batch_size, dtype=torch.long)  # real tokens processed per sample (CPU)
-        self.qpos = torch.full((batch_size, query_window), -1, dtype=torch.long)  # positions of the kept queries
+        self.seen = torch.zeros(batch_size, dtype=torch.long, device="cpu")  # real tokens processed per sample (CPU)
+        self.qpos = torch.full((batch_size, query_window), -1, dtype=torch.long, device="cpu")  # positions of the kept queries
         self.peak_layer_pairs = 0  # max over time of sum over layers and samples of the pairs held
         self.evictions = self.step_keys = 0
         self._plan: tuple | None = None  # this forward's CPU plan (shared, per group)
@@ -126,7 +126,7 @@ class KVCache(Cache):
     @property
     def peak_kv_bytes(self) -> int:
         """Largest KV cache held at once (kept pairs, all layers, all samples; K and V)."""
-        return self.peak_layer_pairs * 2 * self.heads * self.head_dim * torch.empty((), dtype=self.dtype).element_size()
+        return self.peak_layer_pairs * 2 * self.heads * self.head_dim * torch.empty((), dtype=self.dtype, device="cpu").element_size()
 
     def allocated_bytes(self) -> int:
         """Bytes preallocated for the cache (K, V, positions and statistics, scratch slot included)."""
@@ -169,8 +169,8 @@ class KVCache(Cache):
     def step_for(self, layer: int) -> Step:
         """The current forward's Step for `layer`'s group, on its device (built once per group per forward)."""
         g = self._where[layer][0]
-        if g.index not in self._steps:
-            self._steps[g.index] = plan.step(self._plan[0], self._plan[1][g.index], g.device)
+        if g.index not in self._steps:  # every group on its device at once: one copy per device per forward
+            self._steps.update(plan.device_steps(self._plan, self._groups, g.device))
         return self._steps[g.index]
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -195,7 +195,7 @@ class KVCache(Cache):
         `rows` ((B,) bool, CPU), in `group` (None: every full-attention group); kvbench.cache.evict says how."""
         if not bool(rows.any()):
             return
-        keep = torch.as_tensor(keep, dtype=torch.long).expand(self.batch_size_)
+        keep = torch.as_tensor(keep, dtype=torch.long, device="cpu").expand(self.batch_size_)
         for g in [g for g in self._groups if g.sliding is None] if group is None else [group]:  # never a window
             eviction.evict(g, rows, keep, policy, seen=self.seen, qpos=self.qpos, scale=self.query_scale,
                            inv_freq=self.rope_inv_freq, gather_layers=self.gather_layers)

@@ -7,8 +7,9 @@ and the mask: query i of sample b sees slot c iff c <= n_before_b + j_i (j_i its
 sample's new tokens; causal inside the chunk, every kept pair before it), slot 0 always, so a pad row
 is never empty (pad rows are discarded). In a windowed group (W) the slots hold consecutive positions,
 so the window is a band on slots: query i also needs c > n_before_b + j_i - W (its own token and the
-W - 1 before it, transformers' `sliding_window_overlay`). `step` then moves a group's plan to its device as a `Step`,
-the object attention and writes read. The serving engine lays out its packed forwards the same way
+W - 1 before it, transformers' `sliding_window_overlay`). `upload` moves every group's plan of one device there
+in one non-blocking copy (`to_device`: no stream sync) and `step` makes a group's `Step` of it, the object
+attention and writes read. The serving engine lays out its packed forwards the same way
 (`kvbench.serve.pool.Layout` uses `right_aligned`).
 """
 
@@ -40,7 +41,7 @@ class Step:
 def right_aligned(r: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(real, j), both (R, width): whether each column holds a real token of row b (its r_b tokens are the
     last r_b columns) and the token's index among the row's new tokens (negative for pads)."""
-    j = torch.arange(width)[None, :] - (width - r.to(torch.long))[:, None]
+    j = torch.arange(width, device="cpu")[None, :] - (width - r.to(torch.long))[:, None]
     return j >= 0, j
 
 
@@ -54,7 +55,7 @@ def plan_forward(groups, seen: torch.Tensor, r: torch.Tensor, width: int) -> tup
     r = r.to(torch.long)
     real, j = right_aligned(r, T)
     positions = torch.where(real, seen[:, None] + j, torch.zeros_like(j))
-    shared = dict(b_idx=torch.arange(B)[:, None].expand(B, T), positions=positions.to(torch.int32), real=real,
+    shared = dict(b_idx=torch.arange(B, device="cpu")[:, None].expand(B, T), positions=positions.to(torch.int32), real=real,
                   all_real=bool(real.all()), active=r > 0, T=T, j=j)
     per_group = []
     for g in groups:
@@ -81,32 +82,77 @@ def plan_forward(groups, seen: torch.Tensor, r: torch.Tensor, width: int) -> tup
     return shared, per_group
 
 
-def step(shared: dict, mine: dict, device: torch.device) -> Step:
-    """A group's plan (`plan_forward`'s shared and own parts) on its device."""
+def to_device(parts: dict[str, torch.Tensor | None], device: torch.device,
+              pack: bool | None = None) -> dict[str, torch.Tensor | None]:
+    """Host tensors (integer or bool) moved to `device` in ONE copy that never waits for the device.
+
+    A blocking host-to-device copy waits for every kernel queued before it (a stream sync on CUDA); this one
+    packs the parts into one int64 buffer, pinned on CUDA, copied with non_blocking=True, and unpacks views
+    on the device: the number of copies per forward does not grow with the groups of layers or the policy.
+    On the CPU (`pack` defaults to False there) each part is its own no-op non-blocking `.to`.
+    """
+    device = torch.device(device)
+    if not (device.type != "cpu" if pack is None else pack):
+        return {k: None if x is None else x.to(device, non_blocking=True) for k, x in parts.items()}
+    keys = [k for k, x in parts.items() if x is not None]
+    flat = torch.cat([parts[k].reshape(-1).to(torch.long) for k in keys]) if keys else torch.zeros(0, dtype=torch.long, device="cpu")
+    if device.type == "cuda":
+        flat = flat.pin_memory()  # the caching host allocator keeps it alive until the copy has run
+    flat = flat.to(device, non_blocking=True)
+    out, o = dict.fromkeys(parts), 0
+    for k in keys:
+        x = parts[k]
+        out[k] = flat[o : o + x.numel()].view(x.shape).to(x.dtype)
+        o += x.numel()
+    return out
+
+
+def upload(shared: dict, mine: list[dict], device: torch.device) -> dict:
+    """One forward's index tensors for every group on `device` (`mine`: those groups' plans), in one copy."""
+    parts = {k: shared.get(k) for k in ("positions", "real", "active", "q_src")}
+    for i, m in enumerate(mine):
+        parts.update({f"slot{i}": m["slot"], f"seqlens{i}": m["seqlens"], f"thresh{i}": m["thresh"]})
+    return to_device(parts, device)
+
+
+def device_steps(forward_plan: tuple, groups, device: torch.device) -> dict[int, Step]:
+    """The Steps of every group on `device` ({group index: Step}), from one `upload`."""
+    shared, per_group = forward_plan
+    mine = [g for g in groups if g.device == device]
+    dev = upload(shared, [per_group[g.index] for g in mine], device)
+    return {g.index: step(shared, per_group[g.index], device, dev, i) for i, g in enumerate(mine)}
+
+
+def step(shared: dict, mine: dict, device: torch.device, dev: dict | None = None, i: int = 0) -> Step:
+    """A group's plan (`plan_forward`'s shared and own parts) on its device; `dev`: `upload`'s tensors, the
+    group's own at index i (made here when not given)."""
+    if dev is None:
+        dev, i = upload(shared, [mine], device), 0
+    B, T = shared["real"].shape
     mask = None
     if mine["thresh"] is not None:
         q = torch.arange(shared["T"], device=device)
         k = torch.arange(mine["n_keys"], device=device)
-        thresh = mine["thresh"].to(device)
+        thresh = dev[f"thresh{i}"]
         d = k[None, None, :] - q[None, :, None] - thresh[:, None, None]  # (B, T, N): c - i - thresh
         mask = d <= 0
         if mine["window"] is not None:  # the band: q_pos - k_pos < W
             mask &= d > -mine["window"]
-            mask[:, :, 0] |= ~shared["real"].to(device)  # pad rows see slot 0 (never empty; discarded)
+            mask[:, :, 0] |= ~dev["real"]  # pad rows see slot 0 (never empty; discarded)
         else:
             mask[:, :, 0] = True
         mask = mask[:, None]  # (B, 1, T, N)
     return Step(
-        b_idx=shared["b_idx"].to(device),
-        slot=mine["slot"].to(device),
-        positions=shared["positions"].to(device),
-        real=shared["real"].to(device),
+        b_idx=torch.arange(B, device=device)[:, None].expand(B, T),
+        slot=dev[f"slot{i}"],
+        positions=dev["positions"],
+        real=dev["real"],
         all_real=shared["all_real"],
-        active=shared["active"].to(device),
+        active=dev["active"],
         mask=mask,
         causal=mine["causal"],
         n_keys=mine["n_keys"],
-        seqlens=mine["seqlens"].to(device),
-        q_src=shared["q_src"].to(device) if "q_src" in shared else None,
+        seqlens=dev[f"seqlens{i}"],
+        q_src=dev["q_src"],
         window=mine["flash_window"],
     )

@@ -20,7 +20,7 @@ def rotate(k: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor) -> torc
     RoPE is a rotation per pair of dimensions (i, i + R/2) by angle p * inv_freq[i] (inv_freq (R/2,)), and
     rotations compose: R(p + delta) = R(delta) R(p). Dimensions past R (partial rotary) are left alone.
     """
-    inv = inv_freq.to(k.device)
+    inv = inv_freq.to(k.device, non_blocking=True)  # host to device without waiting for queued kernels
     R = 2 * inv.shape[0]
     acc = torch.promote_types(k.dtype, torch.float32)
     freqs = delta[..., None].to(acc) * inv.to(acc)  # (..., R/2)

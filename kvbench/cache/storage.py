@@ -43,7 +43,7 @@ class Group:
         self.device = torch.device(device)
         self.capacity = capacity
         self.budget = budget
-        self.n = torch.zeros(batch, dtype=torch.long)
+        self.n = torch.zeros(batch, dtype=torch.long, device="cpu")
         L, S = len(self.layers), capacity + 1
         self.k = torch.zeros(L, batch, heads, S, head_dim, dtype=dtype, device=self.device)
         self.v = torch.zeros_like(self.k)

@@ -16,7 +16,7 @@ def advance(qpos: torch.Tensor, seen: torch.Tensor, r: torch.Tensor, width: int)
     bringing r_b right-aligned real tokens in a chunk of `width`."""
     W, T = qpos.shape[1], width
     r = r.to(torch.long)
-    e = torch.arange(W - 1, -1, -1)[None, :]  # (1, W) age of each entry: 0 = newest
+    e = torch.arange(W - 1, -1, -1, device="cpu")[None, :]  # (1, W) age of each entry: 0 = newest
     src = torch.where(e < r[:, None], W + T - 1 - e, W - 1 - (e - r[:, None]))  # (B, W) in cat(old, chunk)
     old = qpos.gather(1, src.clamp(0, W - 1))
     new = seen[:, None] + r[:, None] - 1 - e

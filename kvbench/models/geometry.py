@@ -20,10 +20,31 @@ def model_geometry(model) -> dict:
         num_kv_heads=k.kv_heads,
         num_q_heads=k.q_heads,
         head_dim=k.head_dim,
-        layer_devices=[next(layer.parameters()).device for layer in layers],
+        layer_devices=[layer_device(layer) for layer in layers],
         dtype=model.dtype,
         windows=list(k.windows),
     )
+
+
+def _hook_device(module) -> torch.device | None:
+    """The execution device accelerate's hook gives `module` (None: no hook)."""
+    hook = getattr(module, "_hf_hook", None)
+    for h in getattr(hook, "hooks", None) or ([hook] if hook is not None else []):  # SequentialHook or one hook
+        dev = getattr(h, "execution_device", None)
+        if dev is not None:
+            return torch.device("cuda", dev) if isinstance(dev, int) else torch.device(dev)
+    return None
+
+
+def layer_device(layer) -> torch.device:
+    """Where decoder `layer` computes: accelerate's execution device when it is dispatched (an offloaded
+    layer's parameters are on `meta` between forwards, its hook brings them to that device), else the device
+    of its first parameter."""
+    for m in layer.modules():  # the hook sits on the layer, or on its submodules for a finer device_map
+        dev = _hook_device(m)
+        if dev is not None:
+            return dev
+    return next(layer.parameters()).device
 
 
 def rope_inv_freq(model) -> torch.Tensor:

@@ -221,8 +221,8 @@ class Policy:
         elif self.compression_ratio is not None:
             want = [int(s * (1 - self.compression_ratio)) for s in lengths]
         else:
-            return torch.full((len(lengths),), self.kv_size, dtype=torch.long)
-        return torch.tensor([max(self.min_budget, k) for k in want], dtype=torch.long)
+            return torch.full((len(lengths),), self.kv_size, dtype=torch.long, device="cpu")
+        return torch.tensor([max(self.min_budget, k) for k in want], dtype=torch.long, device="cpu")
 
     def layer_budgets(self, per_sample: torch.Tensor, layers: int, lengths: list[int] | None = None) -> torch.Tensor:
         """(L, B) budget of each layer of each sample from the samples' budgets (B,) (and their prompts' lengths):

@@ -12,6 +12,7 @@ from typing import ClassVar
 import torch
 
 from kvbench.policies.base import AFTER_PREFILL, Policy, ScoreStats
+from kvbench.policies.knorm import key_norms
 
 
 @dataclass
@@ -26,7 +27,7 @@ class KeyDiff(Policy):
     def score(self, stats: ScoreStats) -> torch.Tensor:
         k = stats.keys  # (L, B, H, N, D), a strided view of the cache
         N = k.shape[3]
-        norm = torch.linalg.vector_norm(k.float(), dim=-1).clamp_min(1e-12)  # (L, B, H, N)
+        norm = key_norms(k).clamp_min(1e-12)  # (L, B, H, N), upcast one layer at a time
         valid = torch.arange(N, device=k.device) < stats.n  # (1, B, 1, N): slots >= n are empty
         w = (valid / norm / valid.sum(-1, keepdim=True)).to(k.dtype)  # mean of the unit keys, as weights
         anchor = (w.unsqueeze(-2) @ k).float()  # (L, B, H, 1, D)
@@ -35,5 +36,5 @@ class KeyDiff(Policy):
         return -cos
 
     def score_bytes(self, *, layers, rows, kv_heads, q_heads, pairs, head_dim, elem) -> int:
-        half = layers * rows * kv_heads * pairs * head_dim * 4 if elem != 4 else 0  # float32 copy for the norm
+        half = rows * kv_heads * pairs * head_dim * 4 if elem != 4 else 0  # one layer's float32 keys for the norm
         return half + 4 * layers * rows * kv_heads * pairs * 4  # norm, weights, cosine, its quotient

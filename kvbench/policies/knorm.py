@@ -25,7 +25,17 @@ class Knorm(Policy):
     needs_keys: ClassVar[bool] = True
 
     def score(self, stats: ScoreStats) -> torch.Tensor:
-        return -torch.linalg.vector_norm(stats.keys.float(), dim=-1)  # (L, B, H, N): low norm = keep
+        return -key_norms(stats.keys)  # (L, B, H, N): low norm = keep
 
     def score_bytes(self, *, layers, rows, kv_heads, q_heads, pairs, head_dim, elem) -> int:
-        return layers * rows * kv_heads * pairs * head_dim * 4 if elem != 4 else 0  # the float32 copy of half keys
+        return rows * kv_heads * pairs * head_dim * 4 if elem != 4 else 0  # one layer's keys in float32
+
+
+def key_norms(keys: torch.Tensor) -> torch.Tensor:
+    """L2 norms (L, B, H, N) in float32 of keys (L, B, H, N, D), one layer at a time: half-precision keys are
+    upcast one layer at a time (a float32 copy of the whole cache would double a half-precision cache's
+    memory, halving the policy's largest batch for an implementation detail)."""
+    out = torch.empty(keys.shape[:-1], dtype=torch.float32, device=keys.device)
+    for layer in range(keys.shape[0]):
+        out[layer] = torch.linalg.vector_norm(keys[layer].float(), dim=-1)
+    return out

@@ -52,7 +52,7 @@ class PyramidKV(SnapKV):
         if self.budget_rule == "window_plus" or lengths is None:
             return self._window_plus(per_sample, layers)
         rows = [self._published(int(k), q, layers) for k, q in zip(per_sample.tolist(), lengths, strict=True)]
-        return torch.tensor(rows, dtype=torch.long).T.contiguous()
+        return torch.tensor(rows, dtype=torch.long, device="cpu").T.contiguous()
 
     def _published(self, k: int, q: int, layers: int) -> list[int]:
         """One prompt's layer budgets under the published schedule (module docstring)."""
@@ -78,7 +78,7 @@ class PyramidKV(SnapKV):
         hi = 2 * (k - W) - lo
         if layers == 1:
             return per_sample[None].clone()
-        frac = torch.arange(layers, dtype=torch.float64)[:, None] / (layers - 1)  # (L, 1)
+        frac = torch.arange(layers, dtype=torch.float64, device="cpu")[:, None] / (layers - 1)  # (L, 1)
         want = W + hi[None] - frac * (hi - lo)[None]  # (L, B), sums to L x k
         want = torch.where((hi >= lo)[None], want, k[None].expand(layers, -1))  # too small a budget: SnapKV
         out = want.floor()

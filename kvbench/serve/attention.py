@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from kvbench.attention import SCORE_CHUNK, _fused, flash_available
+from kvbench import attention as _attention
+from kvbench.attention import SCORE_CHUNK, _fused
 
 NAME = "kvbench_paged"
 FLASH_BLOCK = 256  # flash-attn's paged KV needs a page size that is a multiple of this
@@ -38,7 +39,7 @@ def backend(device: torch.device, dtype: torch.dtype, track: bool, block_size: i
     if track:
         return "paged_fused"
     half = dtype in (torch.float16, torch.bfloat16)
-    if device.type == "cuda" and half and flash_available() and block_size % FLASH_BLOCK == 0:
+    if half and _attention.flash_available(device) and block_size % FLASH_BLOCK == 0:
         return "paged_flash"
     return "paged_sdpa"
 
