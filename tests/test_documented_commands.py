@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "results").glob("*/README.md")),
          ROOT / "results" / "README.md"]
 SHARED_DATA = "../shared/data"  # relative to the checkout, as the docs write it
-PROGRAMS = ("kvbench", "kvbench-reproduce", "kvbench-plan", "kvbench-report", "kvbench-gpu-check", "make", "python",
-            "pip")
+PROGRAMS = ("kvbench", "kvbench-reproduce", "kvbench-plan", "kvbench-report", "kvbench-gpu-check", "kvbench-needle",
+            "kvbench-lm-eval", "make", "python", "pip")
 SHELL_LANGS = ("", "bash", "sh", "shell", "console")
 
 
@@ -227,6 +227,20 @@ def test_documented_command(cmd, data_dir, monkeypatch, request, tmp_path):
         check_kvbench(cmd, args, monkeypatch, request)
     elif prog == "kvbench-report":
         check_report(cmd, args, tmp_path)
+    elif prog == "kvbench-needle":  # each policy at each length through the preflight (depths change no check)
+        from kvbench import needle
+
+        parsed, rest = needle.parse(args)
+        parsed.depths = parsed.depths[:1]
+        for job in needle.jobs(parsed, rest):
+            check_kvbench(cmd, job, monkeypatch, request)
+    elif prog == "kvbench-lm-eval":  # lm_eval's own flags, then the model_args as kvbench's preflight sees them
+        from kvbench import lmeval
+
+        flags = dict(zip(args[::2], args[1::2], strict=False))
+        assert flags.get("--model") == "kvbench" and flags.get("--tasks"), f"{cmd.id}: --model kvbench --tasks"
+        model_args = dict(kv.split("=", 1) for kv in flags.get("--model_args", "").split(",") if kv)
+        check_kvbench(cmd, lmeval.overrides(model_args), monkeypatch, request)
     else:
         assert _is_command(prog), f"{cmd.id}: no check for {prog}: add one to this test"
         check_other(cmd)
