@@ -21,7 +21,7 @@ common=(model=tiny-llama task.n_samples=2 task.context_tokens=48 gen.max_new_tok
         hydra/job_logging=none hydra/hydra_logging=none)
 "$tmp/venv/bin/kvbench" "${common[@]}" policy=batch_max policy.kv_size=32 policy.evict_every=8 batch_size=2
 "$tmp/venv/bin/kvbench" "${common[@]}" mode=serve policy=h2o policy.kv_size=32 policy.evict_every=8
-"$tmp/venv/bin/python" - "$tmp" <<'PY'
+"$tmp/venv/bin/python" - "$tmp" "$here" <<'PY'
 import json, sys
 from pathlib import Path
 
@@ -33,7 +33,8 @@ tmp = Path(sys.argv[1])
 assert Path(kvbench.__file__).is_relative_to(tmp / "venv"), f"kvbench imported from {kvbench.__file__}"
 assert (CONF_DIR / "config.yaml").is_file() and len(list(CONF_DIR.glob("policy/*.yaml"))) >= 12, CONF_DIR
 assert len(list(CONF_DIR.glob("experiment/*.yaml"))) >= 10 and (CONF_DIR / "hydra/launcher/slurm.yaml").is_file()
-assert len(list(CONFIG_DIR.glob("*.json"))) == 2, CONFIG_DIR
+shipped = sorted(p.name for p in (Path(sys.argv[2]) / "kvbench/models/configs").glob("*.json"))
+assert sorted(p.name for p in CONFIG_DIR.glob("*.json")) == shipped and len(shipped) >= 9, CONFIG_DIR
 recs = [json.loads(line) for line in (tmp / "results" / "runs.jsonl").read_text().splitlines()]
 assert [(r["mode"], r["status"]) for r in recs] == [("run", "ok"), ("serve", "ok")], [(r.get("mode"), r["status"], r["error"]) for r in recs]
 print(f"wheel-check: ok ({kvbench.__file__}; {len(recs)} records)")
