@@ -344,6 +344,9 @@ def _validate_serve(cfg: DictConfig) -> None:
         raise ConfigError(f"policy.{key}" if key else "policy",
                           "mode=serve evicts by one kv_size per request (no per-prompt or per-layer budgets)",
                           getattr(policy, key) if key else policy.name)
+    if policy.head_budget != "uniform":
+        raise ConfigError("policy.head_budget", "mode=serve gives every KV head the same budget (adaptive head "
+                          "budgets run in mode=run)", policy.head_budget)
     if policy.once:
         raise ConfigError("policy.schedule", "mode=serve evicts whole blocks as a request grows; a one-off "
                           "compression after prefill (after_prefill) is not implemented there", policy.schedule)
@@ -429,7 +432,8 @@ def _identity_of(container: dict, kind: str) -> dict:
         c["memory"] = {k: v for k, v in c["memory"].items() if k != "reserve_gb"}
     if isinstance(c.get("policy"), dict):  # keys added later, at their defaults, change no identity
         c["policy"] = {k: v for k, v in c["policy"].items()
-                       if not (k == "rerotate" and not v) and not (k in ("kv_ratio", "compression_ratio") and v is None)}
+                       if not (k == "rerotate" and not v) and not (k in ("kv_ratio", "compression_ratio") and v is None)
+                       and not (k == "head_budget" and v == "uniform") and not (k == "head_floor" and v == 0.2)}
     if c.get("mode") not in SERVE_MODES:  # serve.* only matters to the serve modes (older runs keep their hash)
         c.pop("serve", None)
     elif isinstance(c.get("serve"), dict):  # keys added later at their defaults, and goodput's objectives (they

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from kvbench.attention import SCORE_CHUNK, kv_attention, resolve_backend
-from kvbench.engine import _Batch, _compress_context, _evict_if_needed, pad_id
+from kvbench.engine import Batch, compress_context, evict_before_forward, pad_id
 from kvbench.models.compat import cache_kwarg
 from kvbench.models.geometry import model_geometry
 from kvbench.policies.base import Policy
@@ -26,7 +26,7 @@ from kvbench.policies.base import Policy
 def _score_batch(model, ids: list[list[int]], n_cont: list[int], policy: Policy, pad: int, geometry,
                  prefill_chunk: int | None) -> list[tuple[float, bool]]:
     prompts = [x[:-1] for x in ids]  # the last continuation token is only a target
-    batch = _Batch(model, prompts, policy, 1, pad, geometry, prefill_chunk, list(n_cont))
+    batch = Batch(model, prompts, policy, 1, pad, geometry, prefill_chunk, list(n_cont))
     cache = batch.cache
     dev = model.get_input_embeddings().weight.device
     base = model.get_decoder()
@@ -39,11 +39,11 @@ def _score_batch(model, ids: list[list[int]], n_cont: list[int], policy: Policy,
         return model(**kw, logits_to_keep=keep).logits if keep else base(**kw)
 
     try:
-        for r in batch.plan:
-            _evict_if_needed(cache, r, policy, True, None)
+        for r in batch.chunks:
+            evict_before_forward(cache, r, policy, True, None)
             forward(batch.chunk_ids(r, int(r.max())), r, 0)
         q = batch.question
-        _compress_context(cache, q, policy, None, 1)
+        compress_context(cache, q, policy, None, 1)
         width = int(q.max())
         logits = forward(batch.chunk_ids(q, width), q, width).double()  # (B, width, V), right-aligned
         out = []

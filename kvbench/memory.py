@@ -13,7 +13,7 @@ I MLP width, V vocabulary, Hq / H query / KV heads, D head dim, L layers on the 
     peak = weights + KV cache + the largest transient
     weights     parameters and buffers as loaded (exact)
     KV cache    the preallocated cache, exact: `KVCache.nbytes_for` (K, V, positions, statistics), per
-                group of layers (`kvbench.cache.layout`: per-layer budgets give each layer its own capacity;
+                group of layers (`kvbench.cache.form_groups`: per-layer budgets give each layer its own capacity;
                 sliding-window layers hold W - 1 + the widest forward, their trims replayed like evictions)
     transient   the largest of
       forward of T tokens over N keys (every forward of the batch, replayed on counts, EOS ignored):
@@ -73,6 +73,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvbench.attention import BACKENDS, resolve
+from kvbench.budgets import adakv, rules
 from kvbench.cache import KVCache, layer_capacities, layout
 from kvbench.errors import ConfigError, OutOfMemory
 from kvbench.models.family import effective_windows, kinds
@@ -253,7 +254,8 @@ def _evict_bytes(s: ModelShape, L: int, B: int, N: int, rows: int, keep: int, po
     own = policy.score_bytes(layers=L, rows=rows, kv_heads=s.kv_heads, q_heads=s.q_heads, pairs=N,
                              head_dim=s.head_dim, elem=s.elem)  # freed before the sort and the gather start
     pairs = L * rows * s.kv_heads * N
-    return pairs * copies + keys + max(pairs * EVICT_BYTES + gather, pairs * 4 + own)
+    heads = pairs * (8 + adakv.TRANSIENT_BYTES) if policy.head_budget == "adaptive" else 0  # AdaKV's counts
+    return pairs * copies + keys + max(pairs * EVICT_BYTES + gather, pairs * 4 + own, heads)
 
 
 def _trim_bytes(s: ModelShape, L: int, rows: int, keep: int) -> int:
@@ -271,7 +273,7 @@ def _cache_bytes(s: ModelShape, B: int, L: int, slots: int, policy, window: int 
 
 
 def _walk(lengths: list[int], policy, max_new_tokens: int, prefill_chunk: int | None, groups: list[tuple],
-          full_budgets: torch.Tensor | None):
+          full_budgets: torch.Tensor | None, heads: int | None = None):
     """Replay the engine's schedule on counts only (EOS ignored: the worst case), group by group of layers.
 
     groups: `kvbench.cache.layout`'s list; full_budgets: the (L_full, B) budgets of the compressed layers. Returns the forwards {(width T, each group's keys N, makes logits)}
@@ -293,7 +295,7 @@ def _walk(lengths: list[int], policy, max_new_tokens: int, prefill_chunk: int | 
                 continue
             rows = rows_to_evict(ns[gi], r, policy, prefill, budget, first_decode=i == len(plan))
             if rows is not None:
-                keep = policy.keep(budget)
+                keep = torch.minimum(rules.head_slots(policy, policy.keep(budget), heads), ns[gi])  # the largest head
                 evictions.add((gi, int(ns[gi][rows].max()), int(rows.sum()), int(keep[rows].max())))
                 ns[gi] = torch.where(rows, keep, ns[gi])
         ns = [n + r for n in ns]
@@ -326,13 +328,13 @@ def account(
     full = [w is None for w in windows]
     full_budgets = None if budgets is None or not any(full) else budgets[full]
     widest = max(int(r.max()) for r in prefill_plan(lengths, policy, prefill_chunk, full_budgets))
-    caps = layer_capacities(policy.capacities(lengths, max_new_tokens, budgets), windows, lengths, max_new_tokens,
+    caps = layer_capacities(policy.capacities(lengths, max_new_tokens, budgets, s.kv_heads), windows, lengths, max_new_tokens,
                             widest)
     groups = layout(layer_devices, caps, budgets, windows)
     if budgets is None:  # the full cache: one row of "never" budgets
         groups = [(d, ls, c, torch.full((B,), c, dtype=torch.long, device="cpu"), w) for d, ls, c, _, w in groups]
     scored = policy.needs_attention
-    forwards, evictions = _walk(lengths, policy, max_new_tokens, prefill_chunk, groups, full_budgets)
+    forwards, evictions = _walk(lengths, policy, max_new_tokens, prefill_chunk, groups, full_budgets, s.kv_heads)
     devices = {}
     for dev in s.layers:
         mine = [gi for gi, g in enumerate(groups) if str(g[0]) == dev]
@@ -350,7 +352,7 @@ def account(
             _, layers, cap, row, window = groups[gi]
             if window is not None:
                 continue
-            need = policy.decode_capacity(int(row.max()), max_new_tokens)
+            need = policy.decode_capacity(int(row.max()), max_new_tokens, s.kv_heads)
             if policy.evicts and cap > need and any(e[0] == gi for e in evictions):
                 transients.append(_cache_bytes(s, B, len(layers), need, policy))
         kv = sum(_cache_bytes(s, B, len(groups[gi][1]), groups[gi][2], policy, groups[gi][4]) for gi in mine)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import torch
 
+from kvbench.budgets import rules
 from kvbench.policies.base import Policy
 
 
@@ -40,17 +41,17 @@ def block_sizes(length: int, first_block: int | None, block: int, chunk: int) ->
     return sizes
 
 
-def prefill_plan(lengths: list[int], policy: Policy, chunk: int | None,
-                 budgets: torch.Tensor | None = None) -> list[torch.Tensor]:
+def prefill_chunks(lengths: list[int], policy: Policy, chunk: int | None,
+                   budgets: torch.Tensor | None = None) -> list[torch.Tensor]:
     """Real tokens per sample for each prefill forward: a list of (B,) long tensors.
 
-    `budgets`: the (L, B) budgets of the batch (policy.budgets), computed here when not given.
+    `budgets`: the (L, B) layer budgets of the batch (kvbench.budgets.Budgets.layer), computed here when not given.
     """
     longest = max(lengths)
     if policy.evicts_in_prefill:
         chunk = chunk or policy.evict_every
         if budgets is None:
-            budgets = policy.budgets(lengths, 1)
+            budgets = rules.layer_budgets(policy, lengths, 1)
         first = budgets.min(dim=0).values.tolist()  # (B,) the smallest layer budget of each sample
         per_sample = [block_sizes(s, f, policy.evict_every, chunk) for s, f in zip(lengths, first, strict=True)]
     else:
@@ -61,11 +62,15 @@ def prefill_plan(lengths: list[int], policy: Policy, chunk: int | None,
     return list(table.T.unbind(0))
 
 
+prefill_plan = prefill_chunks  # the name before issue 35 (kvbench.memory imports it)
+
+
 def rows_to_evict(n: torch.Tensor, r: torch.Tensor, policy: Policy, prefill: bool,
                   budget: torch.Tensor | None = None, first_decode: bool = False) -> torch.Tensor | None:
     """(B,) bool of samples that must evict before a forward bringing r tokens, or None.
 
-    n: (B,) pairs held (by a group of layers that share budgets); budget: their (B,) budgets (default kv_size);
+    n: (B,) pairs held per head (by a group of layers that share budgets; on average over the heads under adaptive
+    head budgets); budget: their (B,) budgets (default kv_size);
     first_decode: this is the first decode step (after_prefill compresses then, and only then).
     """
     if not policy.evicts or (prefill and not policy.evicts_in_prefill):

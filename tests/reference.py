@@ -82,6 +82,8 @@ class Spec:
     pooling: str = "max"
     layer_kv: tuple[int, ...] | None = None  # per-layer budgets (PyramidKV); None: kv_size in every layer
     pool_window: bool = False  # snapkv: pool over the window's own pairs too
+    head_floor: float | None = None  # AdaKV (after_prefill): a layer's k x H pairs by score over its heads,
+    # each head its int(k x head_floor) best first (kvpress's AdaKVPress); None: k pairs in every head
 
 
 @dataclass
@@ -296,9 +298,10 @@ def evict(cache, spec: Spec, keep, last: int, ref=None, history=None) -> None:
         if k is None:
             continue
         scores = layer_scores(ref, layer, heads, spec, last, history)
+        ks = [k] * len(heads) if spec.head_floor is None else adakv_counts(heads, scores, k, spec, last)
         for g, pairs in enumerate(heads):
             score = {id(pr): sc for pr, sc in zip(pairs, scores[g], strict=True)}
-            drop = len(pairs) - k
+            drop = len(pairs) - ks[g]
             assert drop > 0, (len(pairs), k)
             protected = lambda pr: pr.pos < spec.protect_first or pr.pos > last - spec.protect_recent  # noqa: E731
             candidates = [pr for pr in pairs if not protected(pr)]
@@ -307,6 +310,21 @@ def evict(cache, spec: Spec, keep, last: int, ref=None, history=None) -> None:
             victims = sorted(candidates, key=lambda pr: (score[id(pr)], pr.pos))[:drop]  # noqa: B023
             gone = {id(pr) for pr in victims}
             heads[g] = [pr for pr in pairs if id(pr) not in gone]
+
+
+def adakv_counts(heads: list[list[Pair]], scores: list[list[float]], k: int, spec: Spec, last: int) -> list[int]:
+    """Pairs each KV head of one layer keeps under AdaKV, written from kvpress 0.5.5's AdaKVPress.compress:
+    protected pairs rank first (kvpress's SnapKV window: the scores' max + 1), then each head's n_safe =
+    int(k x alpha) best (topk, raised to the float max), then the H x k best of the flattened heads are kept."""
+    big = float("inf")
+    flat = []  # (score, head, pos) of every pair of the layer
+    for g, pairs in enumerate(heads):
+        ranked = [(big if pr.pos < spec.protect_first or pr.pos > last - spec.protect_recent else float(sc), pr.pos)
+                  for pr, sc in zip(pairs, scores[g], strict=True)]
+        safe = set(sorted(ranked, reverse=True)[: int(k * spec.head_floor)])  # the head's n_safe best
+        flat += [(big if r in safe else r[0], g, r[1]) for r in ranked]
+    chosen = sorted(flat, key=lambda x: (-x[0], -x[1], -x[2]))[: len(heads) * k]  # ties: the newer pair first
+    return [sum(1 for _, g2, _ in chosen if g2 == g) for g in range(len(heads))]
 
 
 def kept(cache) -> list[list[list[int]]]:

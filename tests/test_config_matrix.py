@@ -132,7 +132,7 @@ class Spy:
                 checked = decoding | cache.spy_prefill  # decode_only holds the whole prompt until it decodes
                 # after_prefill: the prompt within its budget, then every generated token kept
                 limit = g.budget + (cache.seen - cache.spy_lengths).clamp(min=0) if cache.spy_once else g.budget
-                over = (g.n > limit) & checked
+                over = (g.load > limit) & checked  # adaptive head budgets: the heads' average (n: the largest)
                 if bool(over.any()):
                     self.over.append(f"layers {g.layers}: held {g.n.tolist()} > budget {g.budget.tolist()}")
             return out

@@ -10,16 +10,20 @@ only their window and are never compressed by a policy. Pad tokens are never sto
 sample's real tokens.
 
 The rooms, one idea each:
-    storage.py   a group's tensors and how layers form groups (`Group`, `layout`)
-    plan.py      one forward's plan: write slots, masks, positions (`Step`, `plan_forward`)
+    storage.py   a group's tensors and how layers form groups (`Group`, `form_groups`)
+    layout.py    one forward's layout: write slots, masks, positions (`Step`, `layout_forward`)
     evict.py     select what to keep (pure) and gather it back in position order; slicing for keeps_newest
     rotate.py    RoPE re-rotation of kept keys, from the keys as written (no compounding rounding)
     window.py    SnapKV's observation window: the newest W queries
+    views.py     `LayerView`: what transformers sees of one layer (its `update` writes into the cache)
     kvcache.py   `KVCache`, the transformers `Cache` facade the engine and attention call
 """
 
 from kvbench.cache.kvcache import KVCache
-from kvbench.cache.plan import Step
-from kvbench.cache.storage import Group, layer_capacities, layout
+from kvbench.cache.layout import Step
+from kvbench.cache.storage import Group, form_groups, layer_capacities
 
-__all__ = ["KVCache", "Group", "Step", "layer_capacities", "layout"]
+layout = form_groups  # the name before issue 35 (kvbench.memory imports it); the module kvbench.cache.layout is
+# reached as `import kvbench.cache.layout` / `from kvbench.cache.layout import ...`
+
+__all__ = ["KVCache", "Group", "Step", "form_groups", "layer_capacities", "layout"]

@@ -16,32 +16,43 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.cache import rotate
-from kvbench.cache.plan import to_device
+from kvbench.budgets import rules
+from kvbench.cache import heads, rotate
+from kvbench.cache.layout import to_device
 from kvbench.policies.base import Policy, ScoreStats
 
 INF = float("inf")
 
 
-def select(score: torch.Tensor, pos: torch.Tensor, last: torch.Tensor, n: torch.Tensor, keep: torch.Tensor,
-           protect_first: int, recent: torch.Tensor, most: int | None = None, ragged: bool | None = None
-           ) -> torch.Tensor:
-    """Kept slots (L, B', H, K) in position order, K = keep.max().
-
-    score, pos: (L, B', H, N); last: (1, B', 1, 1) last position processed; n, keep, recent: (B',) pairs
-    held, to keep, newest protected per row (on the score's device). `most` (K) and `ragged` (rows keep
-    different counts), known on the CPU, spare the two device syncs of reading them off `keep`.
-    """
-    N, K = pos.shape[-1], int(keep.max()) if most is None else most
+def rank(score: torch.Tensor, pos: torch.Tensor, last: torch.Tensor, n: torch.Tensor, protect_first: int,
+         recent: torch.Tensor) -> torch.Tensor:
+    """The score as `select` ranks it (L, B', H, N) float: protected pairs (the first `protect_first` positions
+    and each row's newest `recent` (B',)) +inf, empty slots (>= n (B',)) -inf."""
+    N = pos.shape[-1]
     protected = (pos < protect_first) | (pos > last - recent[None, :, None, None])
     valid = torch.arange(N, device=pos.device) < n[None, :, None, None]
-    score = score.float().masked_fill(protected, INF).masked_fill(~valid, -INF)
+    return score.float().masked_fill(protected, INF).masked_fill(~valid, -INF)
+
+
+def select(score: torch.Tensor, pos: torch.Tensor, last: torch.Tensor, n: torch.Tensor, keep: torch.Tensor,
+           protect_first: int, recent: torch.Tensor, most: int | None = None, ragged: bool | None = None,
+           ranked: bool = False) -> torch.Tensor:
+    """Kept slots (L, B', H, K) in position order, K = keep.max().
+
+    score, pos: (L, B', H, N); last: (1, B', 1, 1) last position processed; n, recent: (B',) pairs held,
+    newest protected per row; keep: (B',) pairs to keep per row, or (L, B', H) per head (adaptive head
+    budgets); all on the score's device. `most` (K) and `ragged` (rows keep different counts), known on the
+    CPU, spare the two device syncs of reading them off `keep`. `ranked`: the score is `rank`'s already.
+    """
+    N, K = pos.shape[-1], int(keep.max()) if most is None else most
+    if not ranked:
+        score = rank(score, pos, last, n, protect_first, recent)
     # stable sort: ties keep position order, so the newer of equal pairs ranks higher
     order = torch.sort(score, dim=-1, stable=True).indices[..., N - K :]  # (L, B', H, K) the K best
     ragged = bool((keep != K).any()) if ragged is None else ragged
     if ragged:  # row b keeps its k_b best: the K - k_b lowest of the K go past the end, then clamp
-        drop = torch.arange(K, device=pos.device) < (K - keep)[None, :, None, None]
-        order = order.masked_fill(drop, N)
+        short = (K - keep)[None, :, None, None] if keep.dim() == 1 else (K - keep)[..., None]
+        order = order.masked_fill(torch.arange(K, device=pos.device) < short, N)
     kept = torch.sort(order, dim=-1).values  # (L, B', H, K) slots in position order
     return kept.clamp_(max=N - 1) if ragged else kept
 
@@ -102,8 +113,9 @@ def trim_windows(groups, r: torch.Tensor, gather_layers: int) -> None:
 
 
 def evict(g, rows: torch.Tensor, keep: torch.Tensor, policy: Policy, *, seen: torch.Tensor, qpos: torch.Tensor,
-          scale: float | None, inv_freq: torch.Tensor | None, gather_layers: int) -> None:
-    """Keep `keep` (B,) pairs of every (layer, head) of the rows (B,) bool of group `g`; counts updated."""
+          scale: float | None, inv_freq: torch.Tensor | None, gather_layers: int) -> torch.Tensor | None:
+    """Keep `keep` (B,) pairs of every (layer, head) of the rows (B,) bool of group `g`; counts updated. Under
+    adaptive head budgets `keep` is each head's average and the heads' counts (L_g, B', H) are returned (CPU)."""
     n_rows, k_rows = g.n[rows], keep[rows]
     if bool((n_rows <= k_rows).any()):
         raise RuntimeError("evict called on a sample that does not hold more than `keep` pairs")
@@ -114,7 +126,7 @@ def evict(g, rows: torch.Tensor, keep: torch.Tensor, policy: Policy, *, seen: to
         N, dev, every = int(n_rows.max()), g.device, bool(rows.all())
         h = to_device({  # every host index tensor of this eviction in one non-blocking copy (no device sync)
             "sel": None if every else rows.nonzero()[:, 0], "last": seen[rows] - 1, "n": n_rows, "keep": k_rows,
-            "layers": torch.tensor(g.layers, device="cpu"), "recent": policy.recent_pairs(budget)[rows],
+            "layers": torch.tensor(g.layers, device="cpu"), "recent": rules.recent_pairs(policy, budget)[rows],
             "qpos": qpos[rows] if policy.query_window else None,
             "shift": k_rows - n_rows if g.q is not None and inv_freq is not None else None}, dev)
         sel = slice(None) if every else h["sel"]
@@ -128,9 +140,20 @@ def evict(g, rows: torch.Tensor, keep: torch.Tensor, policy: Policy, *, seen: to
             query_pos=h["qpos"][None, :, None, :] if policy.query_window else None,
             scale=scale,
         )
-        kept = select(policy.score(stats), t["pos"], last, h["n"], h["keep"], policy.protect_first, h["recent"],
-                      most=int(k_rows.max()), ragged=bool((k_rows != k_rows.max()).any()))
+        ranked = rank(policy.score(stats), t["pos"], last, h["n"], policy.protect_first, h["recent"])
+        if policy.head_budget == "adaptive":  # AdaKV: each head its own count, the layer's total the budget's
+            c, host = heads.counts(ranked, h["keep"], policy.head_floor)
+            kept = select(ranked, t["pos"], last, h["n"], c, 0, h["recent"], most=int(host.max()), ragged=True,
+                          ranked=True)
+        else:
+            kept = select(ranked, t["pos"], last, h["n"], h["keep"], 0, h["recent"], most=int(k_rows.max()),
+                          ragged=bool((k_rows != k_rows.max()).any()), ranked=True)
+        del ranked
         gather(g, sel, kept, t, N, gather_layers, inv_freq)
         if h["shift"] is not None:  # kept queries follow the newest pairs
             rotate.queries_follow(g, sel, h["shift"][None, :, None, None], inv_freq)
+        if policy.head_budget == "adaptive":
+            g.n = heads.record(g, rows, sel, c, host, keep)
+            return host
     g.n = torch.where(rows, keep, g.n)
+    return None

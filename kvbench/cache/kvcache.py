@@ -2,7 +2,7 @@
 
 It is a transformers `Cache` whose per-layer views write each chunk into preallocated storage
 (kvbench.cache.storage) and return the kept pairs; the engine drives it: `begin_forward(r, width)` before
-each forward (kvbench.cache.plan: write slots and masks, once for all layers of a group), `evict(rows,
+each forward (kvbench.cache.layout: write slots and masks, once for all layers of a group), `evict(rows,
 keep, policy)` between forwards (kvbench.cache.evict), `release()` when the batch ends (returns or
 raises): the tensors go at once, whatever still refers to the cache object. The layer views refer to the
 cache weakly, so a cache forms no reference cycle and is freed by reference counting alone;
@@ -15,53 +15,22 @@ import weakref
 from typing import ClassVar
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache
 
+from kvbench.budgets import Budgets
 from kvbench.cache import evict as eviction
-from kvbench.cache import plan, window
-from kvbench.cache.plan import Step
-from kvbench.cache.storage import Group, layout
+from kvbench.cache import heads, window
+from kvbench.cache.layout import Step, device_steps, layout_forward
+from kvbench.cache.storage import Group, form_groups, nbytes_for
+from kvbench.cache.views import LayerView
 from kvbench.policies.base import Policy
 from kvbench.timing import SectionTimer
 
 
-class _LayerView(CacheLayerMixin):
-    """What transformers sees for one layer: `update` writes the chunk and returns the kept pairs."""
-
-    is_sliding = False
-
-    def __init__(self, cache: KVCache, layer_idx: int):
-        super().__init__()
-        self._cache = weakref.ref(cache)  # a strong reference would make a cycle: cache.layers -> view -> cache
-        self.layer_idx = layer_idx
-        self.is_initialized = True
-
-    @property
-    def cache(self) -> KVCache:
-        cache = self._cache()
-        if cache is None:
-            raise RuntimeError("the KV cache of this layer view no longer exists")
-        return cache
-
-    def lazy_initialization(self, key_states, value_states) -> None:  # storage is preallocated
-        pass
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        return self.cache.write(self.layer_idx, key_states, value_states)
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.cache.step_keys, 0
-
-    def get_seq_length(self) -> int:
-        return int(self.cache.group_of(self.layer_idx).n.max())
-
-    def get_max_length(self) -> int:
-        return self.cache.group_of(self.layer_idx).capacity
-
-
 class KVCache(Cache):
     """The evicting KV cache of one batch (kvbench.cache). `layer_devices[l]` is decoder layer l's device;
-    `budgets` (L, B) the pairs layer l of sample b may hold; `rope_inv_freq`: re-rotate kept keys."""
+    `budgets` the pairs layer l of sample b may hold (kvbench.budgets.Budgets, or its (L, B) tensor);
+    `rope_inv_freq`: re-rotate kept keys."""
 
     _live: ClassVar[weakref.WeakSet] = weakref.WeakSet()  # every cache not yet freed (no gc needed to find them)
 
@@ -75,11 +44,13 @@ class KVCache(Cache):
         self.rope_inv_freq = None if rope_inv_freq is None else rope_inv_freq.detach().float().cpu()  # (R/2,)
         self.track_attention, self.gather_layers = track_attention, max(1, gather_layers)
         self.num_layers = len(layer_devices)
-        self.budgets = None if budgets is None else budgets.to(torch.long).cpu()  # (L, B)
+        self.room = budgets if isinstance(budgets, Budgets) else None  # kvbench.budgets: (L, B, H) counts
+        layer = budgets.layer if isinstance(budgets, Budgets) else budgets
+        self.budgets = None if layer is None else layer.to(torch.long).cpu()  # (L, B)
         caps = capacity if isinstance(capacity, (list, tuple)) else [capacity]
         self._groups = [Group(layers, batch_size, num_kv_heads, cap, head_dim, dtype, dev, track_attention, self.q_heads,
                               query_window, budget=row, rerotate=self.rope_inv_freq is not None, index=gi, sliding=w)
-                        for gi, (dev, layers, cap, row, w) in enumerate(layout(layer_devices, caps, self.budgets, windows))]
+                        for gi, (dev, layers, cap, row, w) in enumerate(form_groups(layer_devices, caps, self.budgets, windows))]
         self._where = [(g, i) for g in self._groups for i in range(len(g.layers))]  # layer -> (group, index in it)
         if self.rope_inv_freq is not None and len({tuple(g.budget.tolist()) for g in self._groups
                                                    if g.budget is not None}) > 1:
@@ -88,11 +59,11 @@ class KVCache(Cache):
         self.qpos = torch.full((batch_size, query_window), -1, dtype=torch.long, device="cpu")  # positions of the kept queries
         self.peak_layer_pairs = 0  # max over time of sum over layers and samples of the pairs held
         self.evictions = self.step_keys = 0
-        self._plan: tuple | None = None  # this forward's CPU plan (shared, per group)
+        self._layout: tuple | None = None  # this forward's CPU layout (shared, per group)
         self._steps: dict[int, Step] = {}
         self.devices = list(dict.fromkeys(g.device for g in self._groups))
         self.timer = SectionTimer()  # "evict" (engine) and "attn_stats" (kvbench.attention) sections
-        super().__init__(layers=[_LayerView(self, i) for i in range(self.num_layers)])
+        super().__init__(layers=[LayerView(self, i) for i in range(self.num_layers)])
         KVCache._live.add(self)
 
     @classmethod
@@ -102,7 +73,7 @@ class KVCache(Cache):
 
     def release(self) -> None:
         """Drop every tensor this cache owns (idempotent); counts and peaks stay readable."""
-        self._groups, self._where, self._steps, self._plan = [], [], {}, None
+        self._groups, self._where, self._steps, self._layout = [], [], {}, None
 
     # ------------------------------------------------------------------ sizes and contents
     @property
@@ -132,19 +103,13 @@ class KVCache(Cache):
         """Bytes preallocated for the cache (K, V, positions and statistics, scratch slot included)."""
         return sum(g.nbytes() for g in self._groups)
 
-    @staticmethod
-    def nbytes_for(*, batch_size: int, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int,
-                   dtype: torch.dtype, track_attention: bool, num_q_heads: int | None = None, query_window: int = 0,
-                   rerotate: bool = False, window: int | None = None) -> int:
-        """What `allocated_bytes()` reports for such a cache (a group of it with `window`), before building it
-        (kvbench.memory's account): built from the same `Group` on the meta device, so the count cannot drift."""
-        return Group(range(num_layers), batch_size, num_kv_heads, capacity, head_dim, dtype, "meta", track_attention,
-                     num_q_heads or num_kv_heads, query_window, rerotate=rerotate, sliding=window).nbytes()
+    nbytes_for = staticmethod(nbytes_for)  # what `allocated_bytes()` reports for such a cache, before building it
 
     def kept_positions(self, layer: int, sample: int) -> torch.Tensor:
-        """(H_kv, n_b) positions currently kept by `sample` in `layer`."""
+        """(H_kv, n_b) positions currently kept by `sample` in `layer` (-1: a head's hole, adaptive head budgets)."""
         g, i = self._where[layer]
-        return g.pos[i, sample, :, : int(g.n[sample])].cpu()
+        pos = g.pos[i, sample, :, : int(g.n[sample])]
+        return pos.cpu() if g.head_n is None else heads.holes_as(pos, g, i, sample, -1).cpu()
 
     # ------------------------------------------------------------------ one forward
     def begin_forward(self, r: torch.Tensor, width: int) -> torch.Tensor:
@@ -153,10 +118,10 @@ class KVCache(Cache):
         Returns the (B, width) position ids (true positions, 0 for pads; with re-rotation the slots, i.e.
         positions counted from the kept pairs). Must be called before each forward.
         """
-        shared, per_group = plan.plan_forward(self._groups, self.seen, r, width)
+        shared, per_group = layout_forward(self._groups, self.seen, r, width)
         if self.query_window:  # the newest W queries of (kept ++ this chunk's real ones), oldest first
             self.qpos, shared["q_src"] = window.advance(self.qpos, self.seen, r, width)
-        self._plan, self._steps = (shared, per_group), {}
+        self._layout, self._steps = (shared, per_group), {}
         self.step_keys = max(c["n_keys"] for c in per_group)
         self.seen = self.seen + r
         held = sum(len(g.layers) * int(g.n.sum()) for g in self._groups)
@@ -168,10 +133,14 @@ class KVCache(Cache):
 
     def step_for(self, layer: int) -> Step:
         """The current forward's Step for `layer`'s group, on its device (built once per group per forward)."""
-        g = self._where[layer][0]
+        g, i = self._where[layer]
         if g.index not in self._steps:  # every group on its device at once: one copy per device per forward
-            self._steps.update(plan.device_steps(self._plan, self._groups, g.device))
-        return self._steps[g.index]
+            self._steps.update(device_steps(self._layout, self._groups, g.device))
+        if g.head_n is None:
+            return self._steps[g.index]
+        if (g.index, i) not in self._steps:  # adaptive head budgets: each layer masks its heads' holes
+            self._steps[(g.index, i)] = heads.layer_step(self._steps[g.index], g, i)
+        return self._steps[(g.index, i)]
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store a chunk's keys/values (B, H, T, D) of `layer`; return the kept pairs (B, H, N, D)."""
@@ -197,8 +166,10 @@ class KVCache(Cache):
             return
         keep = torch.as_tensor(keep, dtype=torch.long, device="cpu").expand(self.batch_size_)
         for g in [g for g in self._groups if g.sliding is None] if group is None else [group]:  # never a window
-            eviction.evict(g, rows, keep, policy, seen=self.seen, qpos=self.qpos, scale=self.query_scale,
-                           inv_freq=self.rope_inv_freq, gather_layers=self.gather_layers)
+            c = eviction.evict(g, rows, keep, policy, seen=self.seen, qpos=self.qpos, scale=self.query_scale,
+                               inv_freq=self.rope_inv_freq, gather_layers=self.gather_layers)
+            if c is not None and self.room is not None:  # the heads' counts an adaptive eviction chose
+                self.room.set_heads(g.layers, rows, c)
         self.evictions += 1
 
     def resize(self, capacity: int, group: Group | None = None) -> None:

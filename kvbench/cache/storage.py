@@ -44,6 +44,8 @@ class Group:
         self.capacity = capacity
         self.budget = budget
         self.n = torch.zeros(batch, dtype=torch.long, device="cpu")
+        self.head_n = self.gap_end = None  # adaptive head budgets: each head's count and its hole (cache.heads)
+        self.excess = torch.zeros(batch, dtype=torch.long, device="cpu")  # (B,) n - the heads' average (CPU)
         L, S = len(self.layers), capacity + 1
         self.k = torch.zeros(L, batch, heads, S, head_dim, dtype=dtype, device=self.device)
         self.v = torch.zeros_like(self.k)
@@ -53,6 +55,11 @@ class Group:
         self.q = torch.zeros(L, batch, q_heads, window, head_dim, dtype=dtype, device=self.device) if window else None
         self.k_src = torch.zeros_like(self.k) if rerotate else None  # keys as written (re-rotation's source)
         self.rot = torch.zeros_like(self.pos) if rerotate else None  # the rotary position each was written at
+
+    @property
+    def load(self) -> torch.Tensor:
+        """(B,) pairs held per head, on average over the heads (the budget's count; `n` is the largest head's)."""
+        return self.n - self.excess
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every per-slot tensor an eviction compacts (K/V-like ones have a last dimension D)."""
@@ -120,7 +127,7 @@ def layer_capacities(capacities: list[int], windows, lengths: list[int], max_new
     return [c if w is None else min(whole, w - 1 + widest) for c, w in zip(caps, windows, strict=True)]
 
 
-def layout(layer_devices, capacities: list[int], budgets: torch.Tensor | None, windows=None) -> list[tuple]:
+def form_groups(layer_devices, capacities: list[int], budgets: torch.Tensor | None, windows=None) -> list[tuple]:
     """The cache's groups: [(device, layers, capacity, budget row (B,) or None, window W or None)] of consecutive
     layers sharing all four (kvbench.memory's account builds the same list). Windowed layers have no budget row."""
     L = len(layer_devices)
@@ -140,3 +147,12 @@ def layout(layer_devices, capacities: list[int], budgets: torch.Tensor | None, w
         else:
             runs.append((dev, [layer], caps[layer], row, w))
     return runs
+
+
+def nbytes_for(*, batch_size: int, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int,
+               dtype: torch.dtype, track_attention: bool, num_q_heads: int | None = None, query_window: int = 0,
+               rerotate: bool = False, window: int | None = None) -> int:
+    """What `allocated_bytes()` reports for such a cache (a group of it with `window`), before building it
+    (kvbench.memory's account): built from the same `Group` on the meta device, so the count cannot drift."""
+    return Group(range(num_layers), batch_size, num_kv_heads, capacity, head_dim, dtype, "meta", track_attention,
+                 num_q_heads or num_kv_heads, query_window, rerotate=rerotate, sliding=window).nbytes()

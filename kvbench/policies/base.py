@@ -7,22 +7,20 @@ position order, protected pairs) lives once in `kvbench.cache.KVCache.evict` and
 Phase flags instead of type checks: the engine asks `evicts_in_prefill` / `evicts_in_decode`,
 `needs_attention` (collect attention statistics while running), `needs_keys` (the cached keys in
 the score statistics), `query_window` (how many of the newest queries the cache keeps for the score,
-0: none) and `budgets(...)` / `capacities(...)` (the pairs each layer of each sample may hold, and
-the slots to preallocate per layer), never `isinstance`. `keeps_newest`
-says the order of the pairs is known without scores (the score is the position): the cache then
-keeps the `protect_first` sinks and the newest pairs by slicing, with no score, sort or gather.
+0: none), never `isinstance`. `keeps_newest` says the order of the pairs is known without scores (the
+score is the position): the cache then keeps the `protect_first` sinks and the newest pairs by slicing,
+with no score, sort or gather.
 
 Schedules: `prefill_and_decode` (Algorithm 1: p pairs go whenever a block would overflow the budget, in
 prefill and decode), `decode_only` (the whole prompt first, then the same while decoding) and
 `after_prefill` (kvpress's and SnapKV's protocol: the prompt is compressed once, right after prefill, to
 its budget, and every generated token is kept; `evict_every` plays no part).
 
-Budgets: `kv_size` pairs per (layer, sample); or per sample, `kv_ratio` (ceil(ratio x its prompt length))
-or `compression_ratio` (kvpress's kept count, int(prompt length x (1 - compression_ratio))): samples of
-one batch then hold different budgets. A budget is never below `min_budget` (evict_every + the protected
-pairs + 1: an eviction must leave a choice; 1 under after_prefill, which keeps exactly the budget);
-`layer_budgets` may give layers different budgets (PyramidKV); `recent_pairs` says how many of the newest
-pairs a budget protects (H2O: half of it).
+Budgets (`kv_size`, `kv_ratio`, `compression_ratio`, `head_budget`, `head_floor`) are knobs here; their
+arithmetic (min_budget, what an eviction keeps, capacities, AdaKV's head counts) is kvbench.budgets'. A
+policy's own budget rule is a method here: `layer_budgets` (PyramidKV gives layers different budgets).
+The budget methods a policy had before (`budgets`, `capacities`, `keep`, ...) are delegations in
+kvbench.policies.legacy, for callers not yet moved.
 
 Departures from the published method (`describe()["extensions"]`, in every record) are derived from
 what a policy declares: `published_schedule` (decode_only, prefill_and_decode, or after_prefill: a
@@ -32,16 +30,17 @@ one-off compression of the prompt), `published_evict_every` (1 for the per-token
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import ClassVar
 
 import torch
 
-from kvbench.errors import ConfigError
+from kvbench.budgets import rules
+from kvbench.budgets.rules import AFTER_PREFILL, SCHEDULES
+from kvbench.budgets.rules import is_int as _is_int
+from kvbench.policies.legacy import LegacyBudgetCalls
 
-AFTER_PREFILL = "after_prefill"  # compress the prompt once, right after prefill, then keep every generated token
-SCHEDULES = ("prefill_and_decode", "decode_only", AFTER_PREFILL)
+__all__ = ["AFTER_PREFILL", "SCHEDULES", "Policy", "ScoreStats", "_is_int"]
 
 
 @dataclass
@@ -76,12 +75,8 @@ class ScoreStats:
     scale: float | None = None
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 @dataclass
-class Policy:
+class Policy(LegacyBudgetCalls):
     """Base of every policy. `kv_size=None` (and no `kv_ratio`) means no eviction (the full cache)."""
 
     kv_size: int | None = None
@@ -92,6 +87,8 @@ class Policy:
     rerotate: bool = False  # re-rotate kept keys to contiguous positions (Llama-style RoPE)
     kv_ratio: float | None = None  # budget = this share of each sample's prompt (replaces kv_size when set)
     compression_ratio: float | None = None  # budget = int(prompt x (1 - this)), kvpress's (replaces kv_size)
+    head_budget: str = "uniform"  # uniform: every KV head the layer's budget | adaptive: AdaKV's split by score
+    head_floor: float = 0.2  # adaptive: the share of the budget each head keeps at least (kvpress's alpha_safeguard)
 
     name: ClassVar[str] = "base"
     published_schedule: ClassVar[str | None] = None  # None: no published schedule to depart from
@@ -114,59 +111,9 @@ class Policy:
     def __post_init__(self):
         self.validate()
 
-    # ----------------------------------------------------------------- validation
     def validate(self) -> None:
-        p = "policy"
-        if self.kv_ratio is not None:
-            if isinstance(self.kv_ratio, bool) or not isinstance(self.kv_ratio, (int, float)) or not (
-                    0 < self.kv_ratio <= 1):
-                raise ConfigError(f"{p}.kv_ratio", "must be a share of the prompt in (0, 1], or null", self.kv_ratio)
-            self.kv_ratio = float(self.kv_ratio)
-            self.kv_size = None  # the budget is per prompt: kv_ratio replaces kv_size
-        if self.compression_ratio is not None:
-            cr = self.compression_ratio
-            if isinstance(cr, bool) or not isinstance(cr, (int, float)) or not (0 <= cr < 1):
-                raise ConfigError(f"{p}.compression_ratio", "must be the share of the prompt evicted, in [0, 1), or "
-                                  "null", cr)
-            if self.kv_ratio is not None:
-                raise ConfigError(f"{p}.compression_ratio", "and policy.kv_ratio both give a budget per prompt: "
-                                  "set one", cr)
-            self.compression_ratio = float(cr)
-            self.kv_size = None  # the budget is per prompt: compression_ratio replaces kv_size
-        if self.kv_size is not None and (not _is_int(self.kv_size) or self.kv_size <= 0):
-            raise ConfigError(f"{p}.kv_size", "must be a positive integer", self.kv_size)
-        if not _is_int(self.evict_every) or self.evict_every <= 0:
-            raise ConfigError(f"{p}.evict_every", "must be a positive integer", self.evict_every)
-        if self.schedule not in SCHEDULES:
-            raise ConfigError(f"{p}.schedule", f"must be one of {', '.join(SCHEDULES)}", self.schedule)
-        if not isinstance(self.rerotate, bool):
-            raise ConfigError(f"{p}.rerotate", "must be true or false", self.rerotate)
-        for key in ("protect_first", "protect_recent"):
-            v = getattr(self, key)
-            if not _is_int(v) or v < 0:
-                raise ConfigError(f"{p}.{key}", "must be a non-negative integer", v)
-        if self.kv_size is None:
-            return
-        if self.once:  # one compression to exactly the budget: the protected pairs must fit it
-            if self.protect_first + self.protect_recent > self.kv_size:
-                raise ConfigError(f"{p}.protect_recent", f"protect_first + protect_recent = "
-                                  f"{self.protect_first + self.protect_recent} must not exceed kv_size = {self.kv_size}",
-                                  self.protect_recent)
-            return
-        if self.evict_every >= self.kv_size:
-            raise ConfigError(
-                f"{p}.evict_every",
-                f"must be smaller than policy.kv_size={self.kv_size} (an eviction must leave pairs)",
-                self.evict_every,
-            )
-        keep = self.kv_size - self.evict_every
-        if self.protect_first + self.protect_recent > keep:
-            raise ConfigError(
-                f"{p}.protect_recent",
-                f"protect_first + protect_recent = {self.protect_first + self.protect_recent} must not exceed "
-                f"kv_size - evict_every = {keep}",
-                self.protect_recent,
-            )
+        """Check (and normalise) the knobs: ConfigError naming the key (kvbench.budgets.rules.validate)."""
+        rules.validate(self)
 
     # ----------------------------------------------------------------- phase flags
     @property
@@ -192,63 +139,10 @@ class Policy:
         return "kv_ratio" if self.kv_ratio is not None else "compression_ratio" if (
             self.compression_ratio is not None) else None
 
-    def keep(self, budget):
-        """Pairs a sample keeps after an eviction under `budget`: |kv| - p (Algorithm 1), or the budget itself
-        under after_prefill (one compression to exactly the budget)."""
-        return budget if self.once else budget - self.evict_every
-
-    @property
-    def keep_after_evict(self) -> int:
-        """Pairs a sample holds right after an eviction under a kv_size budget: `keep(kv_size)`."""
-        assert self.kv_size is not None
-        return self.keep(self.kv_size)
-
-    @property
-    def min_budget(self) -> int:
-        """The smallest budget an eviction can honour: evict_every pairs go, the protected ones and one more stay
-        (after_prefill keeps exactly the budget: 1)."""
-        return 1 if self.once else self.evict_every + self.protect_first + self.protect_recent + 1
-
-    def recent_pairs(self, budgets: torch.Tensor) -> torch.Tensor:
-        """The newest pairs protected in samples holding these budgets (same shape): `protect_recent`."""
-        return torch.full_like(budgets, self.protect_recent)
-
-    def sample_budgets(self, lengths: list[int]) -> torch.Tensor:
-        """(B,) pairs each sample may hold: kv_size, or ceil(kv_ratio x its prompt length), or int(its prompt
-        length x (1 - compression_ratio)), at least min_budget."""
-        if self.kv_ratio is not None:
-            want = [math.ceil(self.kv_ratio * s) for s in lengths]
-        elif self.compression_ratio is not None:
-            want = [int(s * (1 - self.compression_ratio)) for s in lengths]
-        else:
-            return torch.full((len(lengths),), self.kv_size, dtype=torch.long, device="cpu")
-        return torch.tensor([max(self.min_budget, k) for k in want], dtype=torch.long, device="cpu")
-
     def layer_budgets(self, per_sample: torch.Tensor, layers: int, lengths: list[int] | None = None) -> torch.Tensor:
-        """(L, B) budget of each layer of each sample from the samples' budgets (B,) (and their prompts' lengths):
-        the same in every layer."""
+        """The policy's layer rule (kvbench.budgets): (L, B) budget of each layer of each sample from the samples'
+        budgets (B,) (and their prompts' lengths); here the same in every layer (PyramidKV overrides it)."""
         return per_sample[None, :].expand(layers, -1).clone()
-
-    def budgets(self, lengths: list[int], layers: int) -> torch.Tensor | None:
-        """(L, B) pairs layer l of sample b may hold at any point; None for the full cache."""
-        if not self.evicts:
-            return None
-        return self.layer_budgets(self.sample_budgets(lengths), layers, lengths)
-
-    def capacities(self, lengths: list[int], max_new_tokens: int, budgets: torch.Tensor | None) -> list[int]:
-        """Slots to preallocate per layer (all samples alike: the cache is one tensor per group of layers)."""
-        longest = max(lengths)
-        if budgets is None:
-            return [longest + max_new_tokens]
-        most = budgets.max(dim=1).values.tolist()  # (L,)
-        if self.evicts_in_prefill:
-            return most
-        return [max(self.decode_capacity(k, max_new_tokens), longest) for k in most]  # the whole prompt first
-
-    def decode_capacity(self, budget: int, max_new_tokens: int) -> int:
-        """Slots a layer needs once the prompt is compressed to `budget`: the budget, or under after_prefill the
-        budget and every generated token."""
-        return budget + max_new_tokens if self.once else budget
 
     # ----------------------------------------------------------------- scoring
     def score(self, stats: ScoreStats) -> torch.Tensor:
@@ -300,9 +194,11 @@ class Policy:
             ext.append("rerotate: kept keys re-rotated to contiguous positions, new tokens continue from the kept count")
         if self.kv_ratio is not None:
             ext.append(f"kv_ratio={self.kv_ratio:g}: each sample's budget is that share of its prompt, at least "
-                       f"{self.min_budget} pairs" + ("" if self.once else ", and stays that size while decoding"))
+                       f"{rules.min_budget(self)} pairs" + ("" if self.once else ", and stays that size while decoding"))
         if self.compression_ratio is not None:
             ext.append(f"compression_ratio={self.compression_ratio:g}: each sample keeps int(its prompt x "
-                       f"{1 - self.compression_ratio:g}) pairs (kvpress's count), at least {self.min_budget}")
+                       f"{1 - self.compression_ratio:g}) pairs (kvpress's count), at least {rules.min_budget(self)}")
+        if self.head_budget == "adaptive" and self.evicts:
+            ext += rules.head_extensions(self)
         d["extensions"] = ext
         return d

@@ -11,7 +11,8 @@ from kvbench.policies.base import Policy
 class Full(Policy):
     name: ClassVar[str] = "full"
     inert_keys: ClassVar[tuple[str, ...]] = ("kv_size", "kv_ratio", "compression_ratio", "evict_every", "schedule",
-                                             "protect_first", "protect_recent", "rerotate")  # it never evicts
+                                             "protect_first", "protect_recent", "rerotate", "head_budget",
+                                             "head_floor")  # it never evicts
 
     def validate(self) -> None:
         if self.kv_size is not None:
@@ -21,6 +22,9 @@ class Full(Policy):
         if self.compression_ratio is not None:
             raise ConfigError("policy.compression_ratio", "policy=full keeps every pair; leave it null",
                               self.compression_ratio)
+        if self.head_budget != "uniform":
+            raise ConfigError("policy.head_budget", "policy=full keeps every pair; leave head_budget uniform",
+                              self.head_budget)
         if self.rerotate is True:
             raise ConfigError("policy.rerotate", "policy=full never evicts, so there is nothing to re-rotate", True)
         super().validate()

@@ -37,15 +37,6 @@ class H2O(Policy):
         else:
             super().validate()
 
-    @property
-    def min_budget(self) -> int:
-        if self.protect_recent is None and not self.once:  # ceil(k / 2) beyond the protected half: p + sinks + 1
-            return 2 * (self.evict_every + self.protect_first) + 1
-        return super().min_budget
-
-    def recent_pairs(self, budgets: torch.Tensor) -> torch.Tensor:
-        return budgets // 2 if self.protect_recent is None else super().recent_pairs(budgets)
-
     def score(self, stats: ScoreStats) -> torch.Tensor:
         return stats.sum_w
 

@@ -24,6 +24,7 @@ from typing import ClassVar
 
 import torch
 
+from kvbench.budgets import rules
 from kvbench.errors import ConfigError
 from kvbench.policies.base import _is_int
 from kvbench.policies.snapkv import SnapKV
@@ -65,14 +66,14 @@ class PyramidKV(SnapKV):
             hi = q - W
             lo = 2 * m - hi
         if not (q >= hi >= lo >= W):  # SnapKV's budget in every layer
-            return [max(self.min_budget, max(1, round(m)) if cr is not None else k)] * layers
+            return [max(rules.min_budget(self), max(1, round(m)) if cr is not None else k)] * layers
         steps = (hi - lo) / (layers - 1) if layers > 1 else 0.0
-        return [max(self.min_budget, round(hi - layer * steps)) for layer in range(layers)]
+        return [max(rules.min_budget(self), round(hi - layer * steps)) for layer in range(layers)]
 
     def _window_plus(self, per_sample: torch.Tensor, layers: int) -> torch.Tensor:
         k = per_sample.to(torch.float64)  # (B,)
         W = self.protect_recent  # the window's pairs (protected), inside every layer's budget
-        floor = self.min_budget - W  # the fewest selected pairs a layer may hold
+        floor = rules.min_budget(self) - W  # the fewest selected pairs a layer may hold
         lo = (k - W) / self.beta
         lo = torch.maximum(lo, torch.full_like(lo, float(floor)))
         hi = 2 * (k - W) - lo
@@ -94,11 +95,11 @@ class PyramidKV(SnapKV):
             d["extensions"].append("budget_rule=window_plus: the window in every layer plus a pyramid of the other "
                                    "pairs from (budget - window) / beta, summing exactly to budget x layers "
                                    "(published: a pyramid of the whole budget, capped at prompt - window)")
-            if k is not None and (k - W) / self.beta < self.min_budget - W:
-                d["extensions"].append(f"the top layers' budget raised to min_budget={self.min_budget} (kvbench "
+            if k is not None and (k - W) / self.beta < rules.min_budget(self) - W:
+                d["extensions"].append(f"the top layers' budget raised to min_budget={rules.min_budget(self)} (kvbench "
                                        f"evicts {self.evict_every} pairs at a time), the bottom layers' lowered")
-        elif not self.once and (k is None or k / self.beta < self.min_budget):
-            d["extensions"].append(f"no layer budget below min_budget={self.min_budget} (kvbench evicts "
+        elif not self.once and (k is None or k / self.beta < rules.min_budget(self)):
+            d["extensions"].append(f"no layer budget below min_budget={rules.min_budget(self)} (kvbench evicts "
                                    f"{self.evict_every} pairs at a time; published: down to budget / beta)")
         d["budgets"] = f"per-layer budgets from bottom to top, beta={self.beta}, rule={self.budget_rule}"
         return d

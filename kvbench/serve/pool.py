@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvbench.cache.plan import right_aligned
+from kvbench.cache.layout import right_aligned
 
 DECODE_PAD = 0.25  # a decode group's padded key work over its real work, at most 1 + this
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -52,7 +53,12 @@ COUNTERPARTS = {
          "a different rule on purpose: H2O ranks by the plain sum of attention and protects the newest half of the "
          "budget; ObservedAttention divides the sum by the queries that could attend (Batch-Max's average rule)"),
     ],
+    "adakv": [("snapkv head_budget=adaptive", lambda r: SnapKV(compression_ratio=r, schedule=AP,
+                                                               head_budget="adaptive", head_floor=0.2), None)],
 }
+# `CROSSCHECK_PRESSES=adakv CROSSCHECK_RATIOS=0.5`: run only those presses and ratios (both sides read them)
+ONLY = [p for p in os.environ.get("CROSSCHECK_PRESSES", "").split(",") if p]
+ONLY_RATIOS = [float(r) for r in os.environ.get("CROSSCHECK_RATIOS", "").split(",") if r]
 
 
 def load():
@@ -89,8 +95,10 @@ def run(work: Path) -> None:
     out = work / "kvbench"
     out.mkdir(parents=True, exist_ok=True)
     for press, sides in COUNTERPARTS.items():
+        if ONLY and press not in ONLY:
+            continue
         for label, make, why in sides:
-            for ratio in [0.0] if press == "none" else spec["ratios"]:
+            for ratio in [0.0] if press == "none" else [r for r in spec["ratios"] if not ONLY_RATIOS or r in ONLY_RATIOS]:
                 path = out / f"{label.replace(' ', '_')}-{ratio}.json"
                 if path.exists():
                     continue
@@ -102,7 +110,8 @@ def run(work: Path) -> None:
 
                     def watch(event, cache, seen=seen):
                         if event == "evict":
-                            seen["kept"] = [cache.kept_positions(layer, 0).tolist() for layer in range(cache.num_layers)]
+                            seen["kept"] = [[[p for p in h if p >= 0] for h in cache.kept_positions(layer, 0).tolist()]
+                                            for layer in range(cache.num_layers)]  # -1: a head's hole (adaptive)
 
                     got = generate(lm.model, lm.tokenizer, [ids], policy, 1, max_new_tokens=spec["new_tokens"],
                                    eos_token_ids=[], observer=watch)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -33,7 +34,32 @@ PRESSES = {  # name -> (press class, its arguments, needs eager attention); "non
     "keydiff": ("KeyDiffPress", {}, False),
     "tova": ("TOVAPress", {}, False),
     "observed_attention": ("ObservedAttentionPress", {}, True),
+    # AdaKV's head-adaptive budgets over SnapKV's scores (the AdaKV paper's Ada-SnapKV), kvpress's safeguard 0.2
+    "adakv": ("AdaKVPress", dict(press=("SnapKVPress", dict(window_size=64, kernel_size=5)), alpha_safeguard=0.2),
+              False),
 }
+# `CROSSCHECK_PRESSES=adakv CROSSCHECK_RATIOS=0.5`: run only those presses and ratios (both sides read them)
+ONLY = [p for p in os.environ.get("CROSSCHECK_PRESSES", "").split(",") if p]
+ONLY_RATIOS = [float(r) for r in os.environ.get("CROSSCHECK_RATIOS", "").split(",") if r]
+
+
+def make_press(kvpress, cls: str, ratio: float, kw: dict):
+    """The press for a ratio; a wrapper press (AdaKV) gets its inner press built with the ratio."""
+    inner = kw.get("press")
+    if inner is not None:
+        return getattr(kvpress, cls)(**{**kw, "press": getattr(kvpress, inner[0])(compression_ratio=ratio, **inner[1])})
+    return getattr(kvpress, cls)(compression_ratio=ratio, **kw)
+
+
+def masked_counts(model, layers: int, heads: int, k_len: int) -> list[list[int]] | None:
+    """Per (layer, KV head), the pairs an AdaKV-style press kept (k_len less its masked keys), or None."""
+    out = []
+    for layer in range(layers):
+        m = getattr(model.model.layers[layer].self_attn, "masked_key_indices", None)
+        if m is None:
+            return None
+        out.append([k_len - int((m[1] == h).sum()) for h in range(heads)])
+    return out
 
 
 def main() -> None:
@@ -54,24 +80,25 @@ def main() -> None:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
                                                      attn_implementation="eager" if eager else "sdpa").eval()
         for name, (cls, kw, needs_eager) in PRESSES.items():
-            if needs_eager != eager:
+            if needs_eager != eager or (ONLY and name not in ONLY):
                 continue
-            for ratio in [0.0] if cls is None else spec["ratios"]:
+            for ratio in [0.0] if cls is None else [r for r in spec["ratios"] if not ONLY_RATIOS or r in ONLY_RATIOS]:
                 path = out_dir / f"{name}-{ratio}.json"
                 if path.exists():
                     continue
                 t0 = time.perf_counter()
-                press = getattr(kvpress, cls)(compression_ratio=ratio, **kw) if cls else None
+                press = make_press(kvpress, cls, ratio, kw) if cls else None
                 scores: dict[int, torch.Tensor] = {}
                 if press is not None:
-                    score = press.score
+                    scorer = getattr(press, "press", press)  # a wrapper's inner press scores
+                    score = scorer.score
 
                     def captured(module, *a, _score=score, _scores=scores, **k):
                         s = _score(module, *a, **k)
                         _scores[module.layer_idx] = s.detach().clone()
                         return s
 
-                    press.score = captured
+                    scorer.score = captured
                 rows = []
                 for ids in spec["ids"]:
                     scores.clear()
@@ -81,8 +108,20 @@ def main() -> None:
                         with press(model) if press is not None else contextlib.nullcontext():
                             logits = model(input_ids=x, past_key_values=cache, use_cache=True).logits[0, -1]
                         kept, tied, gap = [], [], []
+                        heads_n = masked_counts(model, model.config.num_hidden_layers,
+                                                model.config.num_key_value_heads, len(ids)) if press else None
                         for layer in sorted(scores):  # empty for the control
                             s = scores[layer][0]  # (H_kv, k_len)
+                            if heads_n is not None:  # AdaKV: each head its own count, its masked keys dropped
+                                m = model.model.layers[layer].self_attn.masked_key_indices
+                                gone = [set(m[2][m[1] == h].tolist()) for h in range(len(s))]
+                                kept.append([[i for i in range(s.shape[-1]) if i not in g] for g in gone])
+                                top = [torch.sort(s[h], descending=True).values for h in range(len(s))]
+                                ns = heads_n[layer]
+                                tied.append([bool(n < len(t) and t[n - 1] == t[n]) for t, n in zip(top, ns, strict=True)])
+                                gap.append([float((t[n - 1] - t[n]) / t[n - 1].abs().clamp(min=1e-30)) if n < len(t)
+                                            else 1.0 for t, n in zip(top, ns, strict=True)])
+                                continue
                             if hasattr(press, "get_layer_budget"):
                                 n = press.get_layer_budget(model.model.layers[layer].self_attn, s.shape[-1])
                             else:

@@ -8,6 +8,10 @@
 # interrupted run resumes. ~45 min on 2 cores. Needs the CNN/DM mirror: DATA_DIR (default ../shared/data).
 #
 #   scripts/crosscheck/run.sh [WORK] [OUT]
+#
+# One case only (CROSSCHECK_PRESSES, CROSSCHECK_RATIOS, read by both sides), e.g. AdaKV's head-adaptive budgets:
+#   CROSSCHECK_PRESSES=adakv CROSSCHECK_RATIOS=0.5 DATA_DIR=../shared/data \
+#     scripts/crosscheck/run.sh .crosscheck-adakv results/crosscheck/adakv
 set -euo pipefail
 WORK=${1:-.crosscheck}
 OUT=${2:-results/crosscheck}

@@ -1,13 +1,13 @@
-"""One forward's plan: which slot each token is written to, what each query may see, its positions.
+"""One forward's layout: which slot each token is written to, what each query may see, its positions.
 
 A forward processes a (B, T) chunk in which sample b's r_b real tokens are right-aligned (pads to
-their left: `right_aligned`). `plan_forward` computes, on the CPU and once for all the layers of a
+their left: `right_aligned`). `layout_forward` computes, on the CPU and once for all the layers of a
 group, where each real token is written (slots n_b .. n_b + r_b - 1; pads go to the scratch slot C),
 and the mask: query i of sample b sees slot c iff c <= n_before_b + j_i (j_i its index among the
 sample's new tokens; causal inside the chunk, every kept pair before it), slot 0 always, so a pad row
 is never empty (pad rows are discarded). In a windowed group (W) the slots hold consecutive positions,
 so the window is a band on slots: query i also needs c > n_before_b + j_i - W (its own token and the
-W - 1 before it, transformers' `sliding_window_overlay`). `upload` moves every group's plan of one device there
+W - 1 before it, transformers' `sliding_window_overlay`). `upload` moves every group's layout of one device there
 in one non-blocking copy (`to_device`: no stream sync) and `step` makes a group's `Step` of it, the object
 attention and writes read. The serving engine lays out its packed forwards the same way
 (`kvbench.serve.pool.Layout` uses `right_aligned`).
@@ -45,8 +45,8 @@ def right_aligned(r: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tens
     return j >= 0, j
 
 
-def plan_forward(groups, seen: torch.Tensor, r: torch.Tensor, width: int) -> tuple[dict, list[dict]]:
-    """The CPU plan of one forward: what every group shares and each group's own (its counts advance).
+def layout_forward(groups, seen: torch.Tensor, r: torch.Tensor, width: int) -> tuple[dict, list[dict]]:
+    """The CPU layout of one forward: what every group shares and each group's own (its counts advance).
 
     groups: the cache's groups (their `n` are updated to the counts after the write); seen (B,): real
     tokens processed per sample before this forward.
@@ -108,23 +108,23 @@ def to_device(parts: dict[str, torch.Tensor | None], device: torch.device,
 
 
 def upload(shared: dict, mine: list[dict], device: torch.device) -> dict:
-    """One forward's index tensors for every group on `device` (`mine`: those groups' plans), in one copy."""
+    """One forward's index tensors for every group on `device` (`mine`: those groups' layouts), in one copy."""
     parts = {k: shared.get(k) for k in ("positions", "real", "active", "q_src")}
     for i, m in enumerate(mine):
         parts.update({f"slot{i}": m["slot"], f"seqlens{i}": m["seqlens"], f"thresh{i}": m["thresh"]})
     return to_device(parts, device)
 
 
-def device_steps(forward_plan: tuple, groups, device: torch.device) -> dict[int, Step]:
+def device_steps(forward_layout: tuple, groups, device: torch.device) -> dict[int, Step]:
     """The Steps of every group on `device` ({group index: Step}), from one `upload`."""
-    shared, per_group = forward_plan
+    shared, per_group = forward_layout
     mine = [g for g in groups if g.device == device]
     dev = upload(shared, [per_group[g.index] for g in mine], device)
     return {g.index: step(shared, per_group[g.index], device, dev, i) for i, g in enumerate(mine)}
 
 
 def step(shared: dict, mine: dict, device: torch.device, dev: dict | None = None, i: int = 0) -> Step:
-    """A group's plan (`plan_forward`'s shared and own parts) on its device; `dev`: `upload`'s tensors, the
+    """A group's layout (`layout_forward`'s shared and own parts) on its device; `dev`: `upload`'s tensors, the
     group's own at index i (made here when not given)."""
     if dev is None:
         dev, i = upload(shared, [mine], device), 0

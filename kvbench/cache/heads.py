@@ -1,0 +1,65 @@
+"""Per-head counts in a group of layers under adaptive head budgets (`policy.head_budget=adaptive`, AdaKV).
+
+An eviction chooses how many pairs each (layer, sample, KV head) keeps (kvbench.budgets.adakv) and each head
+keeps its best ones, packed at the front of its slots in position order. Slots stay aligned across heads (a
+forward writes every head's new pair at the same slot), so a sample's count n_b becomes its largest head's
+and a head holding c < n_b pairs has a hole at slots [c, n_b) until the next eviction (`gap_end` = n_b right
+after it; every later write lands past it). Per group:
+
+    head_n   (L_g, B, H)  pairs each head kept at the last eviction (on the group's device)
+    gap_end  (B,)         the sample's count right after it (on the group's device)
+
+Attention then masks each head's hole (`layer_step`: a (B, H_kv, T, N) mask per layer); the cache's memory is
+the largest head's (`kvbench.budgets.rules.head_slots` bounds it before the run, the memory account charges
+that bound).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from kvbench.budgets import adakv
+
+
+def counts(ranked: torch.Tensor, keep: torch.Tensor, share: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """AdaKV's counts (L, B', H) for scores `ranked` as `select` ranks them; (on the device, on the CPU)."""
+    c = adakv.head_counts(ranked, keep, share)
+    return c, c.cpu()  # the one device sync of an adaptive eviction: the slots a sample holds now
+
+
+def record(g, rows: torch.Tensor, sel, c: torch.Tensor, host: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Store the counts `c` (L_g, B', H) of the rows (B,) bool (`sel` indexes them on the device), which keep
+    `keep` (B,) pairs per head on average; returns the samples' new counts (B,) on the CPU: their largest head's."""
+    most = host.amax(dim=(0, 2))  # (B',) the largest head of each evicted sample
+    n = g.n.clone()
+    n[rows] = most
+    g.excess = torch.where(rows, n - keep, g.excess)  # the average stays the budget's: `Group.load`
+    if g.head_n is None:  # no hole yet: every head holds the sample's count
+        g.head_n = g.n.to(g.device)[None, :, None].expand(len(g.layers), -1, c.shape[-1]).clone()
+    g.head_n[:, sel] = c
+    g.gap_end = n.to(g.device)
+    return n
+
+
+def layer_step(step, g, i: int):
+    """The Step of layer i of an adaptive group `g`: the group's, with each head's hole masked (real queries
+    only: a pad row keeps slot 0, and a real query always sees its own token, written past every hole)."""
+    N = step.n_keys
+    slot = torch.arange(N, device=g.device)
+    hole = (slot >= g.head_n[i][:, :, None]) & (slot < g.gap_end[:, None, None])  # (B, H, N)
+    hole = hole[:, :, None, :] & step.real[:, None, :, None]  # (B, H, T, N)
+    if step.mask is None:  # causal or one uniform decode token: every held slot was visible
+        causal = None if not step.causal else slot[None, :] <= torch.arange(step.real.shape[1], device=g.device)[:, None]
+        mask = ~hole if causal is None else causal[None, None] & ~hole
+    else:
+        mask = step.mask & ~hole
+    return dataclasses.replace(step, mask=mask, causal=False)
+
+
+def holes_as(x: torch.Tensor, g, i: int, b: int, fill) -> torch.Tensor:
+    """Sample b's per-slot (H, n) tensor `x` of layer i with its heads' holes set to `fill`."""
+    slot = torch.arange(x.shape[-1], device=x.device)
+    hole = (slot >= g.head_n[i, b][:, None]) & (slot < g.gap_end[b])
+    return x.masked_fill(hole, fill)

@@ -1,0 +1,69 @@
+"""One batch's state: right-padded prompts, its budgets (kvbench.budgets.Budgets), its prefill chunks and the
+evicting cache sized for them."""
+
+from __future__ import annotations
+
+import torch
+
+from kvbench.budgets import Budgets
+from kvbench.cache import KVCache, layer_capacities
+from kvbench.models import family
+from kvbench.models.geometry import rope_inv_freq
+from kvbench.policies.base import Policy
+from kvbench.schedule import prefill_chunks
+
+
+class Batch:
+    """One batch's tensors: right-padded prompts (B, S) on the CPU, the budgets, the chunks, the cache.
+
+    `question`: per prompt, its last tokens that are the question (query-agnostic: the budgets come from the
+    context, the prompt less its question, and the question is kept like generated tokens).
+    """
+
+    def __init__(self, model, ids: list[list[int]], policy: Policy, max_new_tokens: int, pad_id: int, geometry,
+                 prefill_chunk: int | None = None, question: list[int] | None = None):
+        self.question = torch.tensor(question or [0] * len(ids), dtype=torch.long, device="cpu")  # (B,) question
+        self.lengths = [len(x) - q for x, q in zip(ids, self.question.tolist(), strict=True)]  # the context's
+        q_max, new = int(self.question.max()), max_new_tokens
+        max_new_tokens += q_max  # the question is kept like generated tokens
+        B, s = len(ids), max(len(x) for x in ids)
+        self.prompts = torch.full((B, s), pad_id, dtype=torch.long, device="cpu")  # (B, S)
+        for b, x in enumerate(ids):
+            self.prompts[b, : len(x)] = torch.tensor(x, dtype=torch.long, device="cpu")
+        windows = family.effective_windows(geometry["windows"], s + max_new_tokens)  # a window never cut: full
+        heads = geometry["num_kv_heads"]
+        self.room = Budgets.of(policy, self.lengths, len(windows), heads)  # (L, B, H) or None: the full cache
+        self.budgets = None if self.room is None else self.room.layer  # (L, B)
+        # what the policy compresses: the full-attention layers (windowed ones keep their window)
+        full = [w is None for w in windows]
+        self.full_budgets = None if self.budgets is None or not any(full) else self.budgets[full]  # (L_full, B)
+        # (a context of 0 tokens: kvbench.continuation's one-token contexts, all in the question's forward)
+        self.chunks = prefill_chunks(self.lengths, policy, prefill_chunk, self.full_budgets) if max(self.lengths) else []
+        family.check_length_rope(model.config, s, s, new, len(self.chunks) > 1 or q_max > 0)  # the padded batch
+        widest = max([int(r.max()) for r in self.chunks] + [q_max])  # the question is one forward of its own
+        caps = [max(self.lengths) + max_new_tokens] if self.room is None else self.room.capacities(self.lengths,
+                                                                                                  max_new_tokens)
+        self.cache = KVCache(
+            batch_size=B,
+            capacity=layer_capacities(caps, windows, self.lengths, max_new_tokens, widest),
+            budgets=self.room,
+            track_attention=policy.needs_attention,
+            query_window=policy.query_window,
+            rope_inv_freq=rope_inv_freq(model) if policy.rerotate and policy.evicts else None,
+            **geometry,
+        )
+        self.pad_id = pad_id
+
+    @property
+    def plan(self) -> list[torch.Tensor]:
+        """The prefill chunks under their name before issue 35."""
+        return self.chunks
+
+    def chunk_ids(self, r: torch.Tensor, width: int) -> torch.Tensor:
+        """(B, width) ids: sample b's next r_b prompt tokens right-aligned, pads to the left."""
+        start = self.cache.seen  # tokens already processed
+        i = torch.arange(width, device="cpu")[None, :]
+        src = start[:, None] + i - (width - r)[:, None]
+        real = src >= start[:, None]
+        ids = self.prompts.gather(1, src.clamp(0, self.prompts.shape[1] - 1))
+        return torch.where(real, ids, torch.full_like(ids, self.pad_id))
