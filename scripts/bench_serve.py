@@ -98,8 +98,9 @@ class Timers:
         class F:  # the paged module's `F`, with SDPA timed
             scaled_dot_product_attention = staticmethod(timed(sdpa, "attention"))
 
+        kernels = ((static.sdpa, "sdpa_attention"), (static.fused, "fused_attention"), (static.eager, "eager_attention"))
         for mod, name, new in ((paged, "F", F), (paged, "_fused", timed(paged._fused, "attention"))) + tuple(
-                (static, n, timed(getattr(static, n), "attention")) for n in ("_sdpa", "_fused", "_eager")):
+                (m, n, timed(getattr(m, n), "attention")) for m, n in kernels):
             self.saved.append((mod, name, getattr(mod, name)))
             setattr(mod, name, new)
         from transformers import AttentionInterface

@@ -94,8 +94,9 @@ class Spy:
         self.most_blocks = 0
 
     def install(self, mp: pytest.MonkeyPatch) -> None:
-        for name in ("_sdpa", "_flash", "_eager", "_fused"):
-            mp.setattr(static_attention, name, self.tap(getattr(static_attention, name), name.strip("_")))
+        for kernel in (static_attention.sdpa, static_attention.flash, static_attention.eager, static_attention.fused):
+            name = kernel.__name__.rsplit(".", 1)[-1]
+            mp.setattr(kernel, f"{name}_attention", self.tap(getattr(kernel, f"{name}_attention"), name))
         mp.setattr(paged_attention, "_fused", self.tap(paged_attention._fused, "paged_fused"))
         sdpa = self.tap(torch.nn.functional.scaled_dot_product_attention, "paged_sdpa")
         mp.setattr(paged_attention, "F", types.SimpleNamespace(scaled_dot_product_attention=sdpa))

@@ -21,6 +21,8 @@ import pytest
 import torch
 
 from kvbench import attention, engine, memory
+from kvbench.attention import flash as static_flash
+from kvbench.attention import select
 from kvbench.policies import BatchMax, Full, PyramidKV, registry
 from tests import flash_standin
 from tests.conftest import random_prompts
@@ -32,12 +34,12 @@ from tests.synccount import SyncCounter
 def flash_standin_on_cpu(monkeypatch):
     """The stand-in installed as `flash_attn`, and the CPU made a device flash-attn runs on (the gate)."""
     monkeypatch.setitem(sys.modules, "flash_attn", flash_standin.module())
-    monkeypatch.setattr(attention, "FLASH_DEVICES", {"cuda", "cpu"})
-    monkeypatch.setattr(attention, "_flash_works", {})
-    monkeypatch.setitem(attention._state, "flash_checked", False)
+    monkeypatch.setattr(select, "FLASH_DEVICES", {"cuda", "cpu"})
+    monkeypatch.setattr(select, "_flash_works", {})
+    monkeypatch.setitem(static_flash._checked, "flash", False)
     flash_standin.CALLS.clear()
     yield
-    attention._flash_works.clear()
+    select._flash_works.clear()
 
 
 @pytest.fixture(scope="module")
@@ -106,12 +108,12 @@ def test_flash_detection_falls_back_when_the_module_does_not_run(monkeypatch):
 
     broken.flash_attn_with_kvcache = fails
     monkeypatch.setitem(sys.modules, "flash_attn", broken)
-    monkeypatch.setattr(attention, "FLASH_DEVICES", {"cuda", "cpu"})
-    monkeypatch.setattr(attention, "_flash_works", {})
+    monkeypatch.setattr(select, "FLASH_DEVICES", {"cuda", "cpu"})
+    monkeypatch.setattr(select, "_flash_works", {})
     assert not attention.flash_available("cpu")
     assert attention.resolve("auto", device_type="cpu", dtype=torch.bfloat16, needs_attention=False) == "sdpa"
     monkeypatch.setitem(sys.modules, "flash_attn", flash_standin.module())
-    monkeypatch.setattr(attention, "_flash_works", {})
+    monkeypatch.setattr(select, "_flash_works", {})
     assert attention.flash_available("cpu")
     assert attention.resolve("auto", device_type="cpu", dtype=torch.bfloat16, needs_attention=False) == "flash"
     assert attention.resolve("auto", device_type="cpu", dtype=torch.float32, needs_attention=False) == "sdpa"
@@ -134,7 +136,7 @@ def test_static_flash_path_matches_sdpa_in_bfloat16(flash_standin_on_cpu, tiny_b
     sdpa = engine.generate(tiny_bf16.model, tiny_bf16.tokenizer, prompts, policy, 4, attention="sdpa", **kw)
     assert flash.attention == "flash" and flash_standin.CALLS, "the flash path did not run"
     assert all(c["dtype"] == torch.bfloat16 and c["causal"] and not c["paged"] for c in flash_standin.CALLS)
-    assert attention._state["flash_checked"]  # its first call was checked against SDPA on the real cache
+    assert static_flash._checked["flash"]  # its first call was checked against SDPA on the real cache
     assert flash.token_ids == sdpa.token_ids
 
 
@@ -154,7 +156,7 @@ def test_serve_flash_path_matches_paged_sdpa_in_bfloat16(flash_standin_on_cpu, t
 
     flash, out = run()
     assert flash_standin.CALLS and all(c["paged"] and c["dtype"] == torch.bfloat16 for c in flash_standin.CALLS)
-    attention.FLASH_DEVICES.discard("cpu")  # the same run on paged SDPA
+    select.FLASH_DEVICES.discard("cpu")  # the same run on paged SDPA
     assert serve_attention.backend(torch.device("cpu"), torch.bfloat16, False, 256) == "paged_sdpa"
     sdpa, _ = run()
     assert flash == sdpa
@@ -269,7 +271,7 @@ def test_cuda_sdpa_with_gqa_and_a_mask_expands_kv_and_is_charged(tiny_llama, mon
     want = engine.generate(tiny_llama.model, tiny_llama.tokenizer, prompts, policy, 4, max_new_tokens=6,
                            attention="sdpa").token_ids
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
-    monkeypatch.setattr(attention, "EXPAND_GQA_DEVICES", {"cuda", "cpu"})  # the CPU takes CUDA's path
+    monkeypatch.setattr(attention.sdpa, "EXPAND_GQA_DEVICES", {"cuda", "cpu"})  # the CPU takes CUDA's path
     got = engine.generate(tiny_llama.model, tiny_llama.tokenizer, prompts, policy, 4, max_new_tokens=6,
                           attention="sdpa").token_ids
     assert got == want

@@ -1,0 +1,27 @@
+"""What each query may see and which K/V heads it reads: the two helpers every kernel shares.
+
+`keep_mask` turns the cache's step (its band/causal mask, built once per forward by `KVCache.begin_forward`)
+into a boolean (B or 1, 1, T, N) mask, or None when every query sees every key; `repeat_kv` is transformers'
+GQA expansion, used where a kernel needs one K/V head per query head (eager, and SDPA on CUDA with a mask).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def keep_mask(step, T: int, N: int, device) -> torch.Tensor | None:
+    """(B or 1, 1, T, N) bool: which keys each query may see; None when it sees all of them."""
+    if step.mask is not None:
+        return step.mask
+    if step.causal:  # a first block of T == N real tokens per sample
+        return torch.ones(T, N, dtype=torch.bool, device=device).tril(N - T)[None, None]
+    return None
+
+
+def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """transformers' repeat_kv: (B, H_kv, N, D) -> (B, H_kv * groups, N, D), a copy when groups > 1."""
+    if groups == 1:
+        return x
+    B, H, N, D = x.shape
+    return x[:, :, None].expand(B, H, groups, N, D).reshape(B, H * groups, N, D)
