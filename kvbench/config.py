@@ -21,6 +21,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.utils import get_class, instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 
+from kvbench import conf
 from kvbench.errors import ConfigError
 
 CONF_DIR = Path(__file__).resolve().parent / "conf"  # the Hydra configs: the package kvbench.conf (in every install)
@@ -160,8 +161,8 @@ def build_task(cfg: DictConfig):
 def policy_defaults() -> dict[str, dict]:
     """`_target_` -> the policy's own config (conf/policy/<name>.yaml): the keys it has and their defaults."""
     out = {}
-    for path in sorted((CONF_DIR / "policy").glob("*.yaml")):
-        own = OmegaConf.to_container(OmegaConf.load(path))
+    for name in conf.options("policy"):
+        own = OmegaConf.to_container(conf.load_option("policy", name))
         out[own["_target_"]] = own
     return out
 

@@ -13,22 +13,12 @@ import sys
 from hydra import compose, initialize_config_dir
 
 from kvbench.config import CONF_DIR
+from kvbench.policies import registry
 from kvbench.runner import run
 
-POLICIES = [
-    ["policy=full"],
-    ["policy=window", "policy.kv_size=256"],
-    ["policy=extreme_decode", "policy.kv_size=2"],
-    ["policy=h2o", "policy.kv_size=256"],
-    ["policy=tova", "policy.kv_size=256"],
-    ["policy=batch_max", "policy.kv_size=256"],
-    ["policy=streaming_llm", "policy.kv_size=256"],
-    ["policy=snapkv", "policy.kv_size=256"],
-    ["policy=pyramidkv", "policy.kv_size=256"],
-    ["policy=knorm", "policy.kv_size=256"],
-    ["policy=keydiff", "policy.kv_size=256"],
-    ["policy=random", "policy.kv_size=256"],
-]
+# every registered policy (kvbench.policies.registry), at kv 256; the two whose budget is fixed keep their own
+FIXED_BUDGET = {"full": [], "extreme_decode": ["policy.kv_size=2"]}
+POLICIES = [[f"policy={name}", *FIXED_BUDGET.get(name, ["policy.kv_size=256"])] for name in registry()]
 TASKS = {
     "passkey": ["task=passkey", "task.n_samples=8", "task.context_tokens=768", "gen.max_new_tokens=8", "batch_size=4"],
     # 0-shot and a short input: the 1-shot paper prompts (~1,900 tokens) take minutes per policy on a CPU

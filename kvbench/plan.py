@@ -43,6 +43,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import kvbench
 from kvbench import memory, results, search
+from kvbench.conf import load_option
 from kvbench.config import CONF_DIR, build_task, config_hash, search_candidates, validate
 from kvbench.errors import ConfigError
 
@@ -192,7 +193,7 @@ def plan_policies(cfg: DictConfig) -> list[tuple[str, object]]:
     from kvbench.report import METHODS
 
     def conf(name: str, **values):
-        node = OmegaConf.load(CONF_DIR / "policy" / f"{name}.yaml")
+        node = load_option("policy", name)
         node.update(values)
         return instantiate(node, _convert_="all")
 

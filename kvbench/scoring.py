@@ -21,7 +21,7 @@ def prompt_stats(samples, ids) -> dict:
         "tokens_median": statistics.median(lengths),
         "tokens_min": min(lengths),
         "tokens_max": max(lengths),
-        "n_cut": sum(1 for s in samples if s.cut),
+        "n_cut": sum(1 for s in samples if s.truncated),
     }
 
 
@@ -35,7 +35,7 @@ def predictions(task, samples, ids, token_ids: list[list[int]], lm, save_prompt_
     eos = set(lm.eos_token_ids)
 
     def text_of(gen: list[int]) -> str:
-        return task.cut(lm.tokenizer.decode(gen, skip_special_tokens=True))
+        return task.cut_at_stop(lm.tokenizer.decode(gen, skip_special_tokens=True))
 
     for s, p_ids, gen in zip(samples, ids, token_ids, strict=True):
         upto = next((i for i, t in enumerate(gen) if t in eos), len(gen))

@@ -1,6 +1,6 @@
 """The configuration matrix: every option the docs offer as a choice, against every other.
 
-Axes (`AXES`): the 12 policies (PyramidKV is the per-layer budget kind), `policy.schedule` (the three),
+Axes (`AXES`): every registered policy (PyramidKV is the per-layer budget kind), `policy.schedule` (the three),
 the budget kind (`kv_size`, `kv_ratio` or kvpress's `compression_ratio`), `mode` (run, serve, serve_limits), `serve.eviction` (policy, openvino),
 `gen.attention`, `policy.rerotate`, the model (tiny Llama with GQA, tiny Phi-3 without), the batch (1, or
 3 prompts of different lengths, left-padded) and the model's dtype (float32, bfloat16). A point of the
@@ -28,8 +28,10 @@ import itertools
 import random
 from dataclasses import asdict, dataclass, fields
 
-POLICIES = ("full", "window", "extreme_decode", "batch_max", "h2o", "tova", "snapkv", "pyramidkv",
-            "streaming_llm", "knorm", "keydiff", "random")
+from kvbench.conf import load_option
+from kvbench.policies import registry
+
+POLICIES = tuple(registry())  # every registered policy (a new one joins the matrix by being defined)
 AXES = {
     "policy": POLICIES,
     "schedule": ("prefill_and_decode", "decode_only", "after_prefill"),
@@ -49,20 +51,18 @@ QUESTIONS = (  # GSM8K-style rows of different lengths: prompts of 161, 214 and 
     "A train leaves at 3 pm and travels 60 miles per hour for 2 hours, then 40 miles per hour for one more "
     "hour. How far did it go?",
 )
-# the departures each policy publishes (docs: Policies): its schedule, one pair per token, GQA aggregation
-PUBLISHED_SCHEDULE = {"batch_max": "prefill_and_decode", "h2o": "decode_only", "tova": "decode_only",
-                      **dict.fromkeys(("snapkv", "pyramidkv", "knorm", "keydiff", "random"), "after_prefill")}
-ONE_PER_TOKEN = ("h2o", "tova", "streaming_llm")
-GQA_NOTE = {"batch_max": "gqa_group_mean", "h2o": "gqa_group_mean", "snapkv": "GQA models",
-            "pyramidkv": "GQA models"}
+# the departures each policy declares (docs: Policies): its published schedule, one pair per token, and how its
+# score aggregates a GQA group (the note's words before its colon, e.g. "gqa_group_mean")
+PUBLISHED_SCHEDULE = {n: c.published_schedule for n, c in registry().items() if c.published_schedule}
+ONE_PER_TOKEN = tuple(n for n, c in registry().items() if c.published_evict_every == 1)
+GQA_NOTE = {n: c.gqa_note.split(":")[0] for n, c in registry().items() if c.gqa_note}
 
 
 # the policy keys the docs list (CLI and configuration): every policy's, and each policy's own
 COMMON_KEYS = ("kv_size", "kv_ratio", "compression_ratio", "evict_every", "schedule", "protect_first", "protect_recent",
                "rerotate")
-OWN_KEYS = {"snapkv": ("window", "kernel", "pooling", "pool_window"),
-            "pyramidkv": ("window", "kernel", "pooling", "pool_window", "beta", "budget_rule"),
-            "random": ("seed",), "tova": ("per_kv_head",)}
+OWN_KEYS = {n: own for n in POLICIES if (own := tuple(k for k in load_option("policy", n)
+                                                      if k not in ("_target_", *COMMON_KEYS)))}  # its conf file's
 NOT_USED = {"full": COMMON_KEYS,  # it never evicts
             "extreme_decode": ("kv_ratio", "compression_ratio", "evict_every", "schedule")}  # Algorithm 2 fixes them
 # sweeps over the policies with keys some use and some do not (values away from every policy's default); each
@@ -117,7 +117,7 @@ class Combo:
             out.append(f"policy.kv_size={KV_SIZE}")
         if self.policy not in ("full", "extreme_decode"):
             out.append(f"policy.evict_every={EVICT_EVERY}")
-        if self.policy in ("snapkv", "pyramidkv"):
+        if "window" in OWN_KEYS.get(self.policy, ()):  # snapkv, pyramidkv
             out.append(f"policy.window={WINDOW}")  # the published 64 is more than these budgets hold
         return out
 

@@ -296,7 +296,7 @@ def test_chat_prompt_has_the_exemplar_and_the_template(mirror, tok):
             "<|im_end|>\n<|im_start|>assistant\nSummary:"
         )
         assert s.prompt.count("<|im_start|>user") == 2 and s.references == [test[s.index]["highlights"]]
-        assert not s.cut
+        assert not s.truncated
         ids = task.encode(tok, s.prompt)
         assert 256 in ids and 257 in ids  # <|im_start|> and <|im_end|> are special tokens
 
@@ -337,10 +337,10 @@ def test_document_is_cut_at_the_limit_and_counted(mirror, tok):
     samples = task.samples(tok)
     over = {i for i, s in full.items() if encoded_len(task, tok, s.prompt) > limit}
     assert 3 <= len(over) < 12
-    assert {s.index for s in samples if s.cut} == over
+    assert {s.index for s in samples if s.truncated} == over
     for s in samples:
         n = encoded_len(task, tok, s.prompt)
-        if not s.cut:
+        if not s.truncated:
             assert s.prompt == full[s.index].prompt and n <= limit
             continue
         assert n == limit  # a byte tokenizer can fill the limit exactly
@@ -358,7 +358,7 @@ def test_summary_cut_keeps_the_question(mirror, tok):
     longest = max(encoded_len(task, tok, s.prompt) for s in task.samples(tok))
     task = NarrativeQA(data_dir=mirror, n_samples=4, max_input_tokens=longest - 40)
     samples = task.samples(tok)
-    assert sum(s.cut for s in samples) >= 1
+    assert sum(s.truncated for s in samples) >= 1
     for s in samples:
         assert encoded_len(task, tok, s.prompt) <= longest - 40
         assert s.prompt.endswith(" ?<|im_end|>\n<|im_start|>assistant\nAnswer:")
@@ -410,9 +410,9 @@ def test_gsm8k_score(answer, reference, hit):
 
 
 def test_stop_strings_cut_the_generation():
-    assert GSM8K().cut(" 2 + 2 = 4\n#### 4\n\nQuestion: next one") == "2 + 2 = 4\n#### 4\n\n"
-    assert NarrativeQA().cut("\n To town1 .\nQuestion: more") == "To town1 ."
-    assert CNNDM().cut(" One .\nTwo .\n\nArticle: (CNN) more") == "One .\nTwo .\n\n"
+    assert GSM8K().cut_at_stop(" 2 + 2 = 4\n#### 4\n\nQuestion: next one") == "2 + 2 = 4\n#### 4\n\n"
+    assert NarrativeQA().cut_at_stop("\n To town1 .\nQuestion: more") == "To town1 ."
+    assert CNNDM().cut_at_stop(" One .\nTwo .\n\nArticle: (CNN) more") == "One .\nTwo .\n\n"
 
 
 # ----------------------------------------------------------------------------- ROUGE

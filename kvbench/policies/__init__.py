@@ -1,29 +1,36 @@
-"""Eviction policies: one file per policy, each a dataclass that only computes a score."""
+"""Eviction policies: one file per policy, each a dataclass that only computes a score.
+
+A policy registers itself by being defined: every `Policy` subclass in a module of this package, with its
+own `name`, is in `registry()` (the package imports each of its modules, so a new policy is its file and
+its `conf/policy/<name>.yaml`, nothing else). Its class is importable from `kvbench.policies` too.
+"""
+
+import importlib
+import pkgutil
 
 from kvbench.policies.base import SCHEDULES, Policy, ScoreStats
-from kvbench.policies.batch_max import BatchMax
-from kvbench.policies.extreme_decode import ExtremeDecode
-from kvbench.policies.full import Full
-from kvbench.policies.h2o import H2O
-from kvbench.policies.keydiff import KeyDiff
-from kvbench.policies.knorm import Knorm
-from kvbench.policies.pyramidkv import PyramidKV
-from kvbench.policies.random import Random
-from kvbench.policies.snapkv import SnapKV
-from kvbench.policies.streaming_llm import StreamingLLM
-from kvbench.policies.tova import TOVA
-from kvbench.policies.window import Window
-
-__all__ = ["SCHEDULES", "Policy", "ScoreStats", "Full", "Window", "ExtremeDecode", "BatchMax", "H2O", "TOVA",
-           "Knorm", "KeyDiff", "Random", "SnapKV", "PyramidKV", "StreamingLLM", "registry"]
 
 
-def registry() -> dict[str, type[Policy]]:
-    """Policy name -> class, for every policy defined in this package."""
+def _discover() -> dict[str, type[Policy]]:
+    """Import every module of this package, then walk `Policy`'s subclasses defined in them."""
+    for info in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{info.name}")
     out, stack = {}, [Policy]
     while stack:
         cls = stack.pop()
         for sub in cls.__subclasses__():
-            out[sub.name] = sub
             stack.append(sub)
-    return out
+            if sub.__module__.startswith(__name__ + ".") and "name" in vars(sub):  # not a test's subclass
+                out[sub.name] = sub
+    return dict(sorted(out.items()))
+
+
+_REGISTRY = _discover()
+globals().update({cls.__name__: cls for cls in _REGISTRY.values()})  # `from kvbench.policies import H2O`
+
+__all__ = ["SCHEDULES", "Policy", "ScoreStats", "registry", *sorted(cls.__name__ for cls in _REGISTRY.values())]
+
+
+def registry() -> dict[str, type[Policy]]:
+    """Policy name -> class, for every policy defined in this package (sorted by name)."""
+    return dict(_REGISTRY)

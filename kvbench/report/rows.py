@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from omegaconf import OmegaConf
-
-from kvbench.config import CONF_DIR
+from kvbench.conf import load_option, options
 
 METHODS = {"extreme_decode": "ED", "full": "FKV", "batch_max": "BM", "window": "Window", "h2o": "H2O", "tova": "TOVA"}
 SCHEDULES = {"prefill_and_decode": "P&D", "decode_only": "D"}
@@ -49,7 +47,7 @@ def with_ci(value: float, ci, digits: int = 3, sign: str = "") -> str:
 
 def default_schedules() -> dict[str, str]:
     """Policy name -> the schedule its conf/policy file runs it under."""
-    return {p.stem: OmegaConf.load(p).get("schedule") for p in sorted((CONF_DIR / "policy").glob("*.yaml"))}
+    return {name: load_option("policy", name).get("schedule") for name in options("policy")}
 
 
 def method_of(rec: dict, defaults: dict[str, str]) -> str:

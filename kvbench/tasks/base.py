@@ -2,7 +2,7 @@
 
 A task is a small dataclass (its fields are the `task.*` config keys) with four jobs, kept apart
 as in lm-evaluation-harness: `samples(tokenizer)` draws the rows and renders each prompt (the exact
-text given to the tokenizer), `cut(text)` cuts a generation at the task's stop strings,
+text given to the tokenizer), `cut_at_stop(text)` cuts a generation at the task's stop strings,
 `extract(text)` pulls the answer out of it, `score(answer, references)` computes the metric(s).
 `aggregate` averages per-sample scores into the record's `metrics`.
 """
@@ -23,9 +23,14 @@ class Sample:
     index: int  # row of the dataset split
     prompt: str  # exact text given to the tokenizer
     references: list[str]
-    cut: bool = False  # the document was shortened to fit max_input_tokens
+    truncated: bool = False  # the document was shortened to fit max_input_tokens (records: prompts.n_cut)
     meta: dict = field(default_factory=dict)
     question_at: int | None = None  # where the question starts in `prompt` (tasks that can run query_aware=false)
+
+    @property
+    def cut(self) -> bool:
+        """Deprecated name of `truncated` (kept until the branches of issue 35 are merged)."""
+        return self.truncated
 
 
 @dataclass
@@ -118,7 +123,7 @@ class Task:
         return "\n\n".join(blocks) + "\n" + answer_prefix
 
     # ------------------------------------------------------------------ scoring
-    def cut(self, text: str) -> str:
+    def cut_at_stop(self, text: str) -> str:
         """Cut a generation at the first stop string (after its leading whitespace)."""
         text = text.lstrip()
         for s in self.stop_strings:
@@ -126,6 +131,10 @@ class Task:
             if i >= 0:
                 text = text[:i]
         return text
+
+    def cut(self, text: str) -> str:
+        """Deprecated name of `cut_at_stop` (kept until the branches of issue 35 are merged)."""
+        return self.cut_at_stop(text)
 
     def extract(self, text: str) -> str:
         return text.strip()

@@ -11,13 +11,12 @@ of the needle values recalled) per sample, averaged with its bootstrap interval.
 context, null: RULER's random depths) places the needles, for the needle heatmap (kvbench.needle).
 `query_aware=false`: the question (from the line after the context to the end of the prompt) is
 prefilled only after the context is compressed (kvbench.engine). Departures: `describe()["extensions"]`.
+The haystack and needle generators, one per RULER task kind, are in `ruler_make.py`.
 """
 
 from __future__ import annotations
 
-import heapq
 import random
-import string
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -26,6 +25,7 @@ from kvbench.errors import ConfigError
 from kvbench.tasks import data
 from kvbench.tasks import ruler_text as rt
 from kvbench.tasks.base import Sample, Task
+from kvbench.tasks.ruler_make import GENERATORS
 
 HAYSTACKS = ("noise", "essay", "needle")
 
@@ -40,6 +40,7 @@ class Ruler(Task):
     depth: float | None = None  # needles at this share of the context; null: RULER's random depths
 
     name: ClassVar[str] = "ruler"
+    abstract: ClassVar[bool] = True  # the base of the RULER tasks below, not a task of its own (kvbench.tasks)
     metric: ClassVar[str] = "string_match_all"
     kind: ClassVar[str] = "niah"
     args: ClassVar[dict] = {}
@@ -147,137 +148,7 @@ class Ruler(Task):
     def make(self, rng: random.Random, units: int, words, tokenizer) -> tuple[tuple[str, int], list[str], dict]:
         """((prompt, question_at), references, meta) for one sample with `units` haystack units."""
         head, prefix, _ = rt.TEMPLATES[self.kind]
-        return getattr(self, f"_{self.kind}")(rng, units, words, tokenizer, (head, prefix))
-
-    # ------------------------------------------------------------------ needle in a haystack (niah.py)
-    def _positions(self, rng: random.Random, n_slots: int, n_needles: int) -> list[int]:
-        if self.depth is not None:
-            return [round(float(self.depth) * n_slots)] * n_needles
-        return sorted(int(n_slots * d / 100) for d in rng.sample(rt.DEPTHS, n_needles))
-
-    def _niah(self, rng, units, words, tokenizer, template):
-        a = {"num_needle_k": 1, "num_needle_v": 1, "num_needle_q": 1, "type_needle_k": "words",
-             "type_needle_v": "numbers", **self.args}
-        num_k = max(a["num_needle_k"], a["num_needle_q"])
-        keys, values, needles = [], [], []
-        for _ in range(num_k):
-            keys.append(rt.needle_value(rng, a["type_needle_k"]))
-            vs = [rt.needle_value(rng, a["type_needle_v"]) for _ in range(a["num_needle_v"])]
-            needles += [rt.NEEDLE.format(type_needle_v=a["type_needle_v"], key=keys[-1], value=v) for v in vs]
-            values.append(vs)
-        rng.shuffle(needles)
-        depths = []
-        if self.hay == "essay":
-            sents = rt.sentences(rt.take_words(words, units))
-            at = self._positions(rng, len(sents), len(needles))
-            parts, last = [], 0
-            for pos, needle in zip(at, needles, strict=True):
-                parts += [" ".join(sents[last:pos]), needle]
-                depths.append(pos / max(1, len(sents)))
-                last = pos
-            context = " ".join([*parts, " ".join(sents[last:])])
-        else:
-            if self.hay == "noise":
-                lines = [rt.NOISE] * units
-            else:  # needle: distractor needles
-                lines = [rt.NEEDLE.format(type_needle_v=a["type_needle_v"], key=rt.needle_value(rng, a["type_needle_k"]),
-                                          value=rt.needle_value(rng, a["type_needle_v"])) for _ in range(units)]
-            at = self._positions(rng, units, len(needles)) if self.depth is not None else sorted(
-                rng.sample(range(units), len(needles)))
-            for pos, needle in sorted(zip(at, needles, strict=True), reverse=True):
-                lines.insert(pos, needle)
-                depths.append(pos / units)
-            context = "\n".join(lines)
-        picked = rng.sample(range(num_k), a["num_needle_q"])
-        queries = [keys[i] for i in picked]
-        answers = [v for i in picked for v in values[i]]
-        query = ", ".join(queries[:-1]) + ", and " + queries[-1] if len(queries) > 1 else queries[0]
-        head, prefix = template
-        type_v = a["type_needle_v"]
-        if a["num_needle_q"] * a["num_needle_v"] == 1:  # RULER's singular wording, over template + prefix
-            fix = [("Some", "A"), ("are all", "is"), ("are", "is"), ("answers", "answer")]
-            for old, new in fix:
-                head, prefix = head.replace(old, new), prefix.replace(old, new)
-            type_v = type_v[:-1]
-        prompt = self.prompt(tokenizer, (head, prefix), context, type_needle_v=type_v, query=query)
-        return prompt, answers, {"depths": sorted(depths)}
-
-    # ------------------------------------------------------------------ variable tracking (variable_tracking.py)
-    def _chain_text(self, rng, units, words, num_chains, num_hops, var_len):
-        names: list[str] = []
-        while len(set(names)) < num_chains * (num_hops + 1):
-            names.append("".join(rng.choices(string.ascii_uppercase, k=var_len)))
-        names = list(dict.fromkeys(names))
-        chains, chain_vars = [], []
-        for c in range(num_chains):
-            v = names[c * (num_hops + 1):(c + 1) * (num_hops + 1)]
-            chain = [f"VAR {v[0]} = {rng.randint(10000, 99999)}"] + [f"VAR {v[j + 1]} = VAR {v[j]} " for j in
-                                                                     range(num_hops)]
-            chains.append(chain)
-            chain_vars.append(v)
-        if self.hay == "essay":
-            sents = rt.sentences(rt.take_words(words, units))
-            flat = _shuffle_sublists(chains, rng)
-            at = self._positions(rng, len(sents), len(flat))
-            parts, last = [], 0
-            for pos, item in zip(at, flat, strict=True):
-                parts += [" ".join(sents[last:pos]), item.strip() + "."]
-                last = pos
-            context = " ".join([*parts, " ".join(sents[last:])])
-        else:
-            lines = [rt.NOISE] * units
-            for chain in chains:
-                at = sorted(rng.sample(range(len(lines)), len(chain)))
-                for j, pos in enumerate(at):
-                    lines.insert(pos + j, chain[j])
-            context = "\n".join(lines)
-        return context.replace(". \n", ".\n"), chains[0][0].split("=")[-1].strip(), chain_vars[0]
-
-    def _variable_tracking(self, rng, units, words, tokenizer, template):
-        chains, hops = self.args.get("num_chains", 1), self.args.get("num_hops", 4)
-        head, prefix = template
-        # RULER's in-context example: a chain of 3-letter variables in ~500 tokens of noise, answered
-        icl_ctx, icl_value, icl_vars = self._chain_text(rng, 20, words, chains, hops, 3)
-        icl = (head.format(context=icl_ctx, query=icl_value, num_v=hops + 1)
-               + prefix.format(query=icl_value, num_v=hops + 1) + " ".join(icl_vars))
-        context, value, variables = self._chain_text(rng, units, words, chains, hops, 5)
-        prompt = self.prompt(tokenizer, (icl + "\n" + head, prefix), context, query=value, num_v=hops + 1)
-        return prompt, variables, {}
-
-    # ------------------------------------------------------------------ common words (common_words_extraction.py)
-    def _cwe_list(self, rng, num_words, common_repeats, uncommon_repeats, num_cw):
-        pool = rt.WORDS if num_words <= len(rt.WORDS) else rt.PAIRS
-        chosen = rng.sample(pool, num_words)
-        common, uncommon = chosen[:num_cw], chosen[num_cw:]
-        listed = common * common_repeats + uncommon * uncommon_repeats
-        rng.shuffle(listed)
-        return " ".join(f"{i + 1}. {w}" for i, w in enumerate(listed)), common
-
-    def _common_words_extraction(self, rng, units, words, tokenizer, template):
-        num_cw = self.args.get("num_cw", 10)
-        short = self.context_length < 4096  # RULER's settings below 4k tokens
-        freq_cw, freq_ucw = (6, 1) if short else (self.args.get("freq_cw", 30), self.args.get("freq_ucw", 3))
-        shot_ctx, shot_answer = self._cwe_list(rng, 20 if short else 40, 3 if short else 10, 1 if short else 3,
-                                               num_cw)
-        context, answer = self._cwe_list(rng, units, freq_cw, freq_ucw, num_cw)
-        head, prefix = template
-        shot = head.format(context=shot_ctx) + " " + " ".join(f"{i + 1}. {w}" for i, w in enumerate(shot_answer))
-        return self.prompt(tokenizer, (shot + "\n" + head, prefix), context), answer, {}
-
-    # ------------------------------------------------------------------ frequent words (freq_words_extraction.py)
-    def _freq_words_extraction(self, rng, units, words, tokenizer, template):
-        alpha = float(self.args.get("alpha", 2.0))
-        size = max(4, (self.context_length - self.gen_tokens) // 50)
-        vocab: list[str] = []
-        while len(set(vocab)) < size:
-            vocab.append("".join(rng.choices(string.ascii_lowercase, k=6)))
-        vocab = sorted(set(vocab))
-        rng.shuffle(vocab)
-        vocab[0] = "..."  # the top-ranked word is noise
-        z = rt.zeta(alpha)
-        listed = [w for k, w in enumerate(vocab, 1) for _ in range(int(units * k ** -alpha / z))]  # units: num_words
-        rng.shuffle(listed)
-        return self.prompt(tokenizer, template, " ".join(listed)), vocab[1:4], {}
+        return GENERATORS[self.kind](self, rng, units, words, tokenizer, (head, prefix))
 
     # ------------------------------------------------------------------ scoring
     def extract(self, text: str) -> str:
@@ -285,19 +156,6 @@ class Ruler(Task):
 
     def score(self, answer: str, references: list[str]) -> dict[str, float]:
         return {"string_match_all": rt.string_match_all(answer, references)}
-
-
-def _shuffle_sublists(lists: list[list[str]], rng: random.Random) -> list[str]:
-    """RULER's shuffle_sublists_heap: interleave lists at random, each kept in order."""
-    heap = [(rng.random(), i, 0) for i in range(len(lists))]
-    heapq.heapify(heap)
-    out = []
-    while heap:
-        _, i, j = heapq.heappop(heap)
-        out.append(lists[i][j])
-        if j + 1 < len(lists[i]):
-            heapq.heappush(heap, (rng.random(), i, j + 1))
-    return out
 
 
 def _task(cls_name: str, name: str, kind: str, **args) -> type[Ruler]:

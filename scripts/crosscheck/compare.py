@@ -70,7 +70,7 @@ def main() -> None:
     task = CNNDM(n_samples=1, n_shot=0, data_dir=None)
 
     def r2(tokens, refs) -> float:
-        return task.score(task.extract(task.cut(tok.decode(tokens, skip_special_tokens=True))), refs)["rouge2"]
+        return task.score(task.extract(task.cut_at_stop(tok.decode(tokens, skip_special_tokens=True))), refs)["rouge2"]
 
     versions = json.loads((work / "kvpress" / "versions.json").read_text())
     rows, tokens = [], {}
