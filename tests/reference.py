@@ -86,6 +86,13 @@ class Spec:
     # each head its int(k x head_floor) best first (kvpress's AdaKVPress); None: k pairs in every head
 
 
+# kvbench's policy name -> the rule above that states it (tova: "last" for its per_kv_head variant); a new
+# policy gets its rule written here, from its paper, not from its kvbench code; None: it never evicts
+POLICY_RULES = {"full": None, "window": "newest", "streaming_llm": "newest", "extreme_decode": "newest",
+                "batch_max": "average", "h2o": "sum", "tova": "last_layer", "knorm": "knorm", "keydiff": "keydiff",
+                "random": "random", "snapkv": "snapkv", "pyramidkv": "snapkv"}
+
+
 @dataclass
 class Trace:
     tokens: list[int]

@@ -16,15 +16,13 @@ import pytest
 import torch
 
 from kvbench.engine import generate
-from kvbench.policies import H2O, TOVA, BatchMax, Window
+from kvbench.policies import H2O, TOVA, BatchMax, Policy, Window, registry
 from tests import reference as R
 from tests.conftest import _tiny, hf_greedy, random_prompts
 
 PROMPTS = random_prompts((70, 24, 45, 13), seed=7)  # kv_size 32: two longer, two shorter
 NEW = 24  # 13 + 24 > 32: even the shortest prompt evicts while decoding
 
-RULE = {"batch_max": "average", "h2o": "sum", "knorm": "knorm", "keydiff": "keydiff", "random": "random",
-        "snapkv": "snapkv", "pyramidkv": "snapkv", "streaming_llm": "newest", "window": "newest"}
 
 POLICIES = [
     BatchMax(kv_size=32, evict_every=8),
@@ -45,9 +43,9 @@ def pid(p) -> str:
 
 
 def rule_of(policy) -> str:
-    if policy.name == "tova":  # published TOVA averages every query head of the layer
-        return "last" if policy.per_kv_head else "last_layer"
-    return RULE[policy.name]
+    if policy.name == "tova" and policy.per_kv_head:  # kvbench's earlier variant (published: the layer's mean)
+        return "last"
+    return R.POLICY_RULES[policy.name]
 
 
 def spec_of(policy) -> R.Spec:
@@ -158,6 +156,37 @@ def test_reference_average_rule_differs_from_plain_sum():
 
 
 # ---------------------------------------------------------------------------- engine == reference
+
+
+def _at_test_size(name: str):
+    """The registered policy `name` at its own config's values (conf/policy), the budget cut to the test's."""
+    from hydra.utils import instantiate
+
+    from kvbench.conf import load_option
+
+    node = load_option("policy", name)
+    if node.kv_size is not None and node.kv_size > 2:
+        node.kv_size, node.evict_every = 32, 8 if node.evict_every is not None else None
+    if "window" in node:
+        node.window = 8  # the published 64 is more than these prompts hold
+    return instantiate(node, _convert_="all")
+
+
+@pytest.mark.parametrize("name", sorted(registry()))
+def test_every_registered_policy_matches_its_reference_rule(name, tiny_llama):
+    """A new policy joins this test by being registered: it needs its rule in tests/reference.py (written from
+    its paper) and then keeps, per sample of a left-padded batch, the pairs and tokens the rule gives."""
+    assert name in R.POLICY_RULES, f"write {name}'s rule in tests/reference.py (POLICY_RULES)"
+    policy = _at_test_size(name)
+    if R.POLICY_RULES[name] is None:  # the full cache: the reference's forward with no eviction
+        tokens, _, _, _ = run_engine(tiny_llama, PROMPTS, policy, 4)
+        assert tokens == [reference("llama", tuple(p), None).tokens for p in PROMPTS]
+        return
+    if type(policy).layer_budgets is not Policy.layer_budgets:
+        pytest.skip("budgets that differ by layer and prompt: tests/test_budgets.py checks them")
+    refs = [reference("llama", tuple(p), spec_of(policy)) for p in PROMPTS]
+    assert_traces_match(refs, *run_engine(tiny_llama, PROMPTS, policy, 4)[:3])
+
 
 
 @pytest.mark.parametrize("batch_size", [1, 4])
