@@ -6,11 +6,14 @@ at, near and below FKV's level, a non-default schedule, an error, and a second t
 """
 
 import csv
+import dataclasses
+from typing import ClassVar
 
 import pytest
 
 from kvbench import report
 from kvbench.results import append_record, read_records
+from kvbench.tasks import Task
 
 GiB = 2**30
 
@@ -236,3 +239,32 @@ def test_a_serve_run_has_its_own_table_and_no_batch_size(tmp_path):
     serve = next(t for t in tables if "serving mode" in t.title)
     static = next(t for t in tables if t is not serve)
     assert [r.cells()[1] for r in serve.runs] == ["serve"] and [r.cells()[1] for r in static.runs] == ["1"]
+
+
+# ------------------------------------------------------------------------ the task's own metric
+@dataclasses.dataclass
+class _F1Task(Task):
+    """A task whose metric is neither a paper column nor the alphabetically first key of its records."""
+
+    name: ClassVar[str] = "toy_qa"
+    metric: ClassVar[str] = "f1"
+
+
+@pytest.mark.parametrize("known_by", ["registry", "config_target"])
+def test_the_metric_column_is_the_tasks_own(tmp_path, monkeypatch, known_by):
+    """The table shows `Task.metric` (f1), not the first key (exact_match), whether the task is registered or
+    named only by the record's config (`task._target_`)."""
+    from kvbench import tasks
+
+    if known_by == "registry":
+        monkeypatch.setitem(tasks.TASKS, "toy_qa", _F1Task)
+    target = {"task": {"_target_": f"{__name__}._F1Task"}} if known_by == "config_target" else {}
+    for i, (policy, kv) in enumerate((("full", None), ("batch_max", 64))):
+        rec = _rec(f"r{i}", policy, 4, kv, None, 10.0 + i, task="toy_qa")
+        rec["metrics"] = {"exact_match": 0.9, "f1": 0.25 + i / 10, "accuracy_ish": 0.5}
+        rec["config"] = {**rec["config"], **target}
+        append_record(tmp_path, rec)
+    report.main([str(tmp_path), "--no-plots"])
+    text = (tmp_path / "tables.md").read_text()
+    assert "| Method | b | kv | f1 | tokens/s |" in text
+    assert "| FKV | 4 | - | 0.250 | 10.0 |" in text and "0.900" not in text

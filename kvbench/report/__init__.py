@@ -21,7 +21,7 @@ smallest batch fits is a row "(b=1 OOM)".
 
 Only the latest record of a configuration (its `config_hash`) that ended ok or oom counts; a record
 the report cannot use (no policy, no batch size, metrics that are no mapping) is left out and
-counted in the header, never a crash. The metric column is ROUGE-2 when a run has it, else accuracy.
+counted in the header, never a crash. The metric column is the task's own (`Task.metric`, rows.metric_key).
 Method names: ED extreme decoding-only, FKV full cache, BM Batch-Max; "(P&D)" / "(D)" marks a
 policy run under the schedule it does not default to.
 
@@ -35,7 +35,8 @@ and identical outputs) and its output lengths; a plot shows the agreement agains
 
 The package, one job per module: rows.py (the row model and labels), select.py (which records count,
 which table each belongs to), tables.py (a table, its picks, the pairing with FKV, its markdown),
-plots.py (the figures), files.py (tables.md, runs.csv), cli.py (the command).
+plots.py (the figures), heatmap.py (the needle heatmaps of depth-swept runs), files.py (tables.md, runs.csv),
+cli.py (the command).
 """
 
 from kvbench.report.cli import main

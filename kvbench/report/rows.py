@@ -8,8 +8,8 @@ from kvbench.conf import load_option, options
 
 METHODS = {"extreme_decode": "ED", "full": "FKV", "batch_max": "BM", "window": "Window", "h2o": "H2O", "tova": "TOVA"}
 SCHEDULES = {"prefill_and_decode": "P&D", "decode_only": "D"}
-METRICS = {"rouge2": "ROUGE-2", "accuracy": "accuracy",  # the paper's columns, in order of preference
-           "string_match_all": "RULER score"}
+# the column titles of known metrics (any other shows its key), in order of preference for records of no known task
+METRICS = {"rouge2": "ROUGE-2", "accuracy": "accuracy", "string_match_all": "RULER score"}
 PLOTS = {  # kind -> (file suffix, alt text)
     "accuracy": ("accuracy_vs_throughput.png", "metric vs throughput"),
     "batch": ("max_batch_size.png", "largest batch size per method"),
@@ -59,18 +59,29 @@ def method_of(rec: dict, defaults: dict[str, str]) -> str:
     return label
 
 
-def task_metric(name: str | None) -> str | None:
-    """The primary metric (`Task.metric`) of the task a record names, None for a task kvbench does not know."""
+def task_metric(rec: dict) -> str | None:
+    """The primary metric (`Task.metric`) of the task a record ran: the registered task of its name
+    (kvbench.tasks.TASKS), else the class its config's `task._target_` names; None when neither is known."""
     from kvbench.tasks import TASKS
 
-    task = TASKS.get(name)
-    return task.metric if task is not None else None
+    task = TASKS.get(rec.get("task"))
+    target = ((rec.get("config") or {}).get("task") or {}).get("_target_") if task is None else None
+    if isinstance(target, str):
+        try:
+            from hydra.utils import get_class
+
+            task = get_class(target)
+        except Exception:  # a task class that is gone or cannot be imported here: no metric known
+            task = None
+    metric = getattr(task, "metric", None)
+    return metric if isinstance(metric, str) else None
 
 
 def metric_key(records: list[dict]) -> str | None:
-    """The task's own metric (`Task.metric`) when the records have it, else the paper's columns' order."""
+    """The metric a table shows: its tasks' own (`Task.metric`) when they agree and the records have it, else
+    the first of the paper's columns (METRICS) the records have, else their alphabetically first key."""
     keys = {k for r in records for k in (r.get("metrics") or {})}
-    own = {task_metric(r.get("task")) for r in records} & keys
+    own = {task_metric(r) for r in records} & keys
     if len(own) == 1:
         return own.pop()
     return next((k for k in METRICS if k in keys), min(keys) if keys else None)
