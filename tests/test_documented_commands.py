@@ -17,7 +17,7 @@ without loading weights:
   every flag shown; `scripts/X.sh`: exists and is executable.
 
 Nothing is written into the checkout: the results folder check records the folder instead of probing
-it. `data.dir=../shared/data` (and `$DATA_DIR`) is the checkout's neighbour mirror when there is one,
+it. `data.dir=$DATA_DIR` (and `../shared/data`) is the checkout's neighbour mirror when there is one,
 else a tiny mirror in the same layout. Hub models (the paper's) are not in this machine's cache and
 the Hub is not reached: for them the preflight skips the cache check and the tokenizer (the prompts'
 lengths), unless the command is shown failing for that reason.
@@ -117,6 +117,25 @@ def test_the_pages_show_commands_and_no_elisions():
     assert len([c for c in COMMANDS if c.words[0] == "kvbench"]) >= 15
     elided = [c.id for c in COMMANDS if "..." in c.words]
     assert not elided, f"commands with a literal '...' (not pasteable): {elided}"
+
+
+def test_the_readme_shows_getting_starteds_commands_only():
+    """One list of next commands (issue 35): the README's commands are getting-started's (or make targets), so the
+    two pages cannot drift apart; and no page sends the reader outside the repository."""
+    def lines(page: str) -> set[str]:
+        return {" ".join(c.words) for c in COMMANDS if c.page == page}
+
+    readme = {c for c in lines("README.md") if not c.startswith("make ")}
+    assert readme and readme <= lines("docs/getting-started.md"), readme - lines("docs/getting-started.md")
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = page.read_text(encoding="utf-8")
+        assert "../shared" not in text, f"{page.name} points outside the repository (../shared)"
+        for m in re.finditer(r"\]\(([^)#\s]+)", text):  # every relative link resolves inside the checkout
+            target = m[1]
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            path = (page.parent / target).resolve()
+            assert path.is_relative_to(ROOT) and path.exists(), f"{page.name}: broken or outside link {target}"
 
 
 @pytest.fixture(scope="module")
@@ -222,7 +241,9 @@ def test_documented_command(cmd, data_dir, monkeypatch, request, tmp_path):
     for k, v in cmd.env.items():
         monkeypatch.setenv(k, data_dir if k == "DATA_DIR" and v == SHARED_DATA else v)
     monkeypatch.setenv("DATA_DIR", data_dir)  # the experiments' mirror (${oc.env:DATA_DIR,../shared/data})
-    args = [f"data.dir={data_dir}" if a == f"data.dir={SHARED_DATA}" else a for a in cmd.words[1:]]
+    args = [f"data.dir={data_dir}" if a in (f"data.dir={SHARED_DATA}", "data.dir=$DATA_DIR") else a
+            for a in cmd.words[1:]]
+    args = [data_dir if a == "$DATA_DIR" else a for a in args]  # `make crosscheck DATA_DIR=$DATA_DIR`
     if prog in ("kvbench", "kvbench-reproduce", "kvbench-plan"):
         check_kvbench(cmd, args, monkeypatch, request)
     elif prog == "kvbench-report":
