@@ -1,4 +1,4 @@
-"""Extreme decoding-only eviction (ED, Algorithm 2 of method.md).
+"""Extreme decoding-only eviction (ED, Algorithm 2 of docs/method.md).
 
 Prefill with the full cache, then keep only the most recent pair; each decode step processes one
 token and, when the cache holds `kv_size` pairs, again keeps only the most recent one. With

@@ -2,7 +2,7 @@
 
 Both sources give the same rows: dicts with the Hub's nested column names, reduced to the columns
 the task reads (NarrativeQA's Hub rows also carry whole books, which no task here needs, so Hub
-splits are flattened and only those columns are kept). The mirror layout is interface.md's:
+splits are flattened and only those columns are kept). The mirror layout is docs/contract.md's:
 `{data.dir}/{folder}/{split}.jsonl.gz` or `.jsonl`. The Hub's split sizes are written down here, so
 an unknown split or a too-large `task.n_samples` fails before anything is downloaded or loaded.
 

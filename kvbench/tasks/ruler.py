@@ -2,7 +2,7 @@
 
 One class per RULER task of `scripts/synthetic.yaml` (the same settings): the needle tasks
 `niah_single_{1,2,3}`, `niah_multikey_{1,2,3}`, `niah_multivalue`, `niah_multiquery`, variable tracking
-`vt`, common-words `cwe` and frequent-words `fwe` extraction; they share every mechanic (this module).
+`vt`, common-words `cwe` and frequent-words `fwe` extraction; they share every mechanic (this module and ruler_make.py).
 `context_length` (RULER's max_seq_length) counts the model's own tokens: the rendered prompt plus
 `tokens_to_generate` (RULER's per task: 128 / 30 / 120 / 50) fit in it; the haystack is sized per sample
 by bisection on its unit (a noise sentence, an essay word, a listed word). The prompt is RULER's template
