@@ -103,3 +103,15 @@ def test_task_tables_name_every_task_and_its_metric():
         assert cls.metric in hits[0][3] or METRICS.get(cls.metric, "?") in hits[0][3], (name, cls.metric)
     listed = names(row("docs/cli.md", "| group / key |", "`task=`"))
     assert all(any(fnmatch.fnmatch(n, pat) for pat in listed) for n in TASKS), listed
+
+
+def test_every_accepted_family_is_in_the_docs_and_the_family_matrix():
+    """docs/models.md's families table names every family the adapter accepts (kvbench.models.family.FAMILIES),
+    and each has a tiny model the family matrix runs (llama and phi3, or an arch of FAMILY_ARCHS)."""
+    from kvbench.models.family import FAMILIES
+    from kvbench.models.tiny import FAMILY_ARCHS
+
+    documented = {n for r in table("docs/models.md", "| family (`model_type`) |") for n in names(r[0])}
+    assert documented == set(FAMILIES)
+    tiny = {"llama", "phi3", *(model_type for model_type, _ in FAMILY_ARCHS.values())}
+    assert set(FAMILIES) <= tiny, set(FAMILIES) - tiny
