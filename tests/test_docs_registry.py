@@ -52,13 +52,15 @@ def test_every_policy_and_task_has_a_config_and_a_class():
 
 @pytest.mark.parametrize("page,header", [("README.md", "| `policy=` |"), ("docs/policies.md", "| policy | score")])
 def test_policy_tables_name_every_policy(page, header):
-    assert sorted(names(r[0])[0] for r in table(page, header)) == sorted(registry())
+    listed = [names(r[0])[0] for r in table(page, header)]
+    assert sorted(listed) == sorted(registry()), f"{page}: add {set(registry()) - set(listed)}, drop {set(listed) - set(registry())}"
 
 
 @pytest.mark.parametrize("page,header,key", [("docs/cli.md", "| group / key |", "`policy=`"),
                                              ("docs/contract.md", "| override |", "`policy=NAME`")])
 def test_policy_lists_name_every_policy(page, header, key):
-    assert sorted(n for n in names(row(page, header, key))) == sorted(registry())
+    listed = names(row(page, header, key))
+    assert sorted(listed) == sorted(registry()), f"{page}: add {set(registry()) - set(listed)}, drop {set(listed) - set(registry())}"
 
 
 def test_policies_defaults_column_is_the_configs():
@@ -78,7 +80,8 @@ def test_published_table_names_every_policy_with_a_published_method():
     """The table of published defaults: every policy that declares a departure (a published schedule or
     evict_every) and no other."""
     declared = sorted(n for n, c in registry().items() if c.published_schedule or c.published_evict_every)
-    assert sorted(names(r[0])[0] for r in table("docs/policies.md", "| policy | paper |")) == declared
+    listed = sorted(names(r[0])[0] for r in table("docs/policies.md", "| policy | paper |"))
+    assert listed == declared, f"docs/policies.md's published table: add {set(declared) - set(listed)}"
 
 
 def test_cli_own_keys_row_is_the_configs():
@@ -99,7 +102,7 @@ def test_task_tables_name_every_task_and_its_metric():
     rows = table("docs/tasks.md", "| task | data |")
     for name, cls in TASKS.items():
         hits = [r for r in rows if any(fnmatch.fnmatch(name, pat) for pat in names(r[0]))]
-        assert len(hits) == 1, name
+        assert len(hits) == 1, f"docs/tasks.md's table: one row for {name} ({len(hits)} found)"
         assert cls.metric in hits[0][3] or METRICS.get(cls.metric, "?") in hits[0][3], (name, cls.metric)
     listed = names(row("docs/cli.md", "| group / key |", "`task=`"))
     assert all(any(fnmatch.fnmatch(n, pat) for pat in listed) for n in TASKS), listed
@@ -112,6 +115,6 @@ def test_every_accepted_family_is_in_the_docs_and_the_family_matrix():
     from kvbench.models.tiny import FAMILY_ARCHS
 
     documented = {n for r in table("docs/models.md", "| family (`model_type`) |") for n in names(r[0])}
-    assert documented == set(FAMILIES)
+    assert documented == set(FAMILIES), f"docs/models.md's families: add {set(FAMILIES) - documented}"
     tiny = {"llama", "phi3", *(model_type for model_type, _ in FAMILY_ARCHS.values())}
     assert set(FAMILIES) <= tiny, set(FAMILIES) - tiny
