@@ -28,7 +28,9 @@ import itertools
 import random
 from dataclasses import asdict, dataclass, fields
 
-from kvbench.conf import load_option
+from omegaconf import OmegaConf
+
+from kvbench.conf import CONF_DIR, load_option
 from kvbench.policies import registry
 
 POLICIES = tuple(registry())  # every registered policy (a new one joins the matrix by being defined)
@@ -61,8 +63,8 @@ GQA_NOTE = {n: c.gqa_note.split(":")[0] for n, c in registry().items() if c.gqa_
 # the policy keys the docs list (CLI and configuration): every policy's, and each policy's own
 COMMON_KEYS = ("kv_size", "kv_ratio", "compression_ratio", "evict_every", "schedule", "protect_first", "protect_recent",
                "rerotate")
-OWN_KEYS = {n: own for n in POLICIES if (own := tuple(k for k in load_option("policy", n)
-                                                      if k not in ("_target_", *COMMON_KEYS)))}  # its conf file's
+SHARED = ("_target_", *OmegaConf.load(CONF_DIR / "base" / "policy.yaml"))  # conf/base/policy.yaml: every policy's
+OWN_KEYS = {n: own for n in POLICIES if (own := tuple(k for k in load_option("policy", n) if k not in SHARED))}
 NOT_USED = {"full": COMMON_KEYS,  # it never evicts
             "extreme_decode": ("kv_ratio", "compression_ratio", "evict_every", "schedule")}  # Algorithm 2 fixes them
 # sweeps over the policies with keys some use and some do not (values away from every policy's default); each

@@ -12,15 +12,15 @@ import re
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
-from kvbench.conf import load_option, options
+from kvbench.conf import CONF_DIR, load_option, options
 from kvbench.policies import registry
 from kvbench.report.rows import METRICS
 from kvbench.tasks import TASKS
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMON = ("_target_", "kv_size", "kv_ratio", "compression_ratio", "evict_every", "schedule", "protect_first",
-          "protect_recent", "rerotate")
+COMMON = ("_target_", *OmegaConf.load(CONF_DIR / "base" / "policy.yaml"))  # the keys every policy shares
 
 
 def table(page: str, header: str) -> list[list[str]]:
