@@ -316,7 +316,7 @@ def test_memory_md_max_batch_example():
         states(doc, row(r["policy"], r["kv_size"] or "-", r["search"]["max_batch_size"], r["search"]["first_oom_batch_size"],
                         f"{r['accounted_mem_bytes'] / 2**30:.3f} GiB"))
     p = bm["prompts"]
-    states(doc, f"the first {p['n']} CNN/DM 1-shot prompts from `../shared/data`, {p['tokens_min']:,} to {p['tokens_max']:,} tokens",
+    states(doc, f"the first {p['n']} CNN/DM 1-shot prompts from the CNN/DM mirror, {p['tokens_min']:,} to {p['tokens_max']:,} tokens",
            f"commit {bm['git_sha'][:7]}",
            f"Batch-Max fits {bm['search']['max_batch_size'] // ed['search']['max_batch_size']}x the batch",
            f"b0 of {bm['search']['first_oom_batch_size']} is a verdict of the budget",
