@@ -35,6 +35,7 @@ import types
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from kvbench.serve.runner import ModelRunner
 
 from kvbench import attention as static_attention
 from kvbench import cli, runner
@@ -43,7 +44,6 @@ from kvbench.config import CONF_DIR, validate
 from kvbench.engine import _Batch
 from kvbench.results import read_jsonl, read_records
 from kvbench.serve import attention as paged_attention
-from kvbench.serve.runner import ModelRunner
 from kvbench.serve.scheduler import Scheduler
 from tests.conftest import assert_one_line_exit_2
 from tests.matrix import (

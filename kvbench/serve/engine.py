@@ -19,15 +19,15 @@ from dataclasses import dataclass, field
 import torch
 
 from kvbench.errors import ConfigError
+from kvbench.models.geometry import model_geometry
 from kvbench.policies.base import Policy
 from kvbench.serve.attention import paged
-from kvbench.models.geometry import model_geometry
 from kvbench.serve.blocks import BlockManager
 from kvbench.serve.budgets import HeadBudgets, RequestBudgets
 from kvbench.serve.evict import BlockRule
 from kvbench.serve.fit import max_blocks, max_pages, stuck, too_small  # noqa: F401  (max_blocks: the preflight's)
-from kvbench.serve.request import Request
 from kvbench.serve.model_runner import ModelRunner
+from kvbench.serve.request import Request
 from kvbench.serve.scheduler import Scheduler
 
 

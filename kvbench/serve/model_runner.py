@@ -121,9 +121,13 @@ class ModelRunner:
                                scale=scale, n=torch.full((1, 1, 1, 1), N, device=self.device), layers=layers)
             scores = block_scores(self.policy, stats, self.pool.block_size, self.block_score, self.per_head)
         else:  # heads hold different counts: one layer at a time, each head's count its own `n`
-            sl = (lambda t, i: None if t is None else t[i:i + 1])
             scores = torch.cat([block_scores(self.policy, ScoreStats(
-                pos=pos[i:i + 1], last=last, sum_w=sl(sw, i), last_w=sl(lw, i), keys=sl(keys, i),
-                queries=sl(queries, i), query_pos=qpos, scale=scale, n=held[i][None, None, :, None],
+                pos=pos[i:i + 1], last=last, sum_w=_at(sw, i), last_w=_at(lw, i), keys=_at(keys, i),
+                queries=_at(queries, i), query_pos=qpos, scale=scale, n=held[i][None, None, :, None],
                 layers=layers[i:i + 1]), self.pool.block_size, self.block_score, True) for i in range(L)])
         return choose(scores.cpu(), self.start_blocks, end, n)
+
+
+def _at(t: torch.Tensor | None, i: int) -> torch.Tensor | None:
+    """Layer i of a statistic (kept 4- or 5-dimensional), or None."""
+    return None if t is None else t[i:i + 1]
