@@ -19,7 +19,7 @@ from kvbench.errors import ConfigError
 from kvbench.models.geometry import model_geometry
 from kvbench.scoring import predictions
 from kvbench.serve import metrics
-from kvbench.serve.budgets import RequestBudgets, per_layer
+from kvbench.serve.budgets import RequestBudgets
 from kvbench.serve.engine import serve
 from kvbench.serve.pool import PagedPool
 from kvbench.serve.workload import build_requests
@@ -79,15 +79,16 @@ def execute(cfg: DictConfig, record: dict, lm, policy, task, samples, ids, budge
             preemptions=r.preemptions, evicted_blocks=r.evicted_blocks,
         )
     summary = metrics.summarise(out, num_blocks, s.block_size, s.slo_ttft_s, s.slo_tpot_s)
-    held = [int(b.min()) for r in reqs if (b := r.budget) is not None] + [int(b.max()) for r in reqs if (b := r.budget) is not None]
+    got = [r.budget for r in reqs if r.budget is not None]  # each request's (L, H) budgets
     record.update(
         status="ok",
         mode="serve",
         attention=out.attention,
         batch_size=None,
         evict_every=None,
-        kv_budget={"by": policy.per_prompt or "kv_size", "min": min(held), "max": max(held),
-                   "per_layer": per_layer(policy)} if held else None,
+        kv_budget={"by": policy.per_prompt or "kv_size", "min": min(int(b.min()) for b in got),
+                   "max": max(int(b.max()) for b in got), "per_layer": any(bool((b != b[:1]).any()) for b in got)}
+        if got else None,
         metrics=task_metrics,
         output_tokens=lengths,
         throughput_tok_s=summary["output_tok_s"],
