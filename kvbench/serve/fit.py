@@ -55,16 +55,17 @@ def stuck(req: Request, rule: BlockRule, budget: torch.Tensor | None, recent: to
             f"the protected start and recent areas plus one block ({int(need.max())}): it could never feed a token")
 
 
-def check_requests(cfg, policy, lengths: list[int]) -> None:
+def check_requests(cfg, policy, lengths: list[int], layers) -> None:
     """Before any model loads: every request (one per prompt length) has a budget it can run within and, with a
-    fixed pool (`serve.num_blocks`; mode=serve), fits the pool alone. Raises ConfigError (one line)."""
+    fixed pool (`serve.num_blocks`; mode=serve), fits the pool alone (`layers()`: the model's layer count, read
+    only under per-layer budgets). Raises ConfigError (one line)."""
     from kvbench.errors import ConfigError
     from kvbench.serve.budgets import RequestBudgets
     from kvbench.serve.limits import limits_shape
 
     s = cfg.serve
     rule = BlockRule.of(policy, s.block_size)
-    budgets = RequestBudgets(policy, limits_shape(cfg, policy))
+    budgets = RequestBudgets(policy, limits_shape(policy, layers))
     for i, n in enumerate(lengths):
         req = Request(rid=i, prompt=[0] * n, max_new_tokens=cfg.gen.max_new_tokens)
         budget, recent = budgets(req)

@@ -37,15 +37,11 @@ class Pool:
     shape: tuple[int, int] = (1, 1)  # (layers, KV heads) whose pages are counted apart
 
 
-def limits_shape(cfg, policy) -> tuple[int, int]:
-    """(1, 1) under one budget per request; (layers, 1) under per-layer budgets (the model's config)."""
+def limits_shape(policy, layers) -> tuple[int, int]:
+    """(1, 1) under one budget per request; (layers, 1) under per-layer budgets (`layers()`: the model's count)."""
     from kvbench.serve.budgets import per_layer
 
-    if not (policy.evicts and per_layer(policy)):
-        return (1, 1)
-    from kvbench.preflight import model_config
-
-    return (int(model_config(cfg).num_hidden_layers), 1)
+    return (int(layers()), 1) if policy.evicts and per_layer(policy) else (1, 1)
 
 
 @dataclass

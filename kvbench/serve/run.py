@@ -110,14 +110,14 @@ def execute(cfg: DictConfig, record: dict, lm, policy, task, samples, ids, budge
 def execute_limits(cfg: DictConfig, record: dict, lm, policy, task, samples, ids, budget=None) -> list[dict]:
     """mode=serve_limits: OpenVINO's two limit checks (kvbench.serve.limits) on the task's prompt lengths,
     for this pool, policy and schedule; no model is loaded (`lm`, `samples` and `ids` are None)."""
-    from kvbench.preflight import prompt_lengths
+    from kvbench.preflight import model_config, prompt_lengths
     from kvbench.serve.evict import BlockRule
     from kvbench.serve.limits import Pool, fewest_sequences_to_fill, limits_shape, longest_generation
 
     s = cfg.serve
     lengths = prompt_lengths(cfg)
     rule = BlockRule.of(policy, s.block_size)
-    pool = Pool(s.num_blocks, s.block_size, s.max_tokens_per_step, s.max_running, limits_shape(cfg, policy))
+    pool = Pool(s.num_blocks, s.block_size, s.max_tokens_per_step, s.max_running, limits_shape(policy, lambda: getattr(model_config(cfg), "num_hidden_layers", 1)))
     record.update(
         status="ok", mode="serve_limits", batch_size=None, evict_every=None,
         prompts={"n": len(lengths), "tokens_min": min(lengths), "tokens_max": max(lengths),
