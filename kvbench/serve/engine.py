@@ -91,7 +91,8 @@ def serve(
     runner = ModelRunner(model, num_blocks, block_size, policy, block_score, rotate=rotate, per_head=budgets.per_head)
     bm = BlockManager(num_blocks, block_size, shape)
     evictor = runner.evictor if policy.evicts else None
-    sched = Scheduler(bm, rule, max_tokens_per_step, max_running, evictor, budgets)
+    sched = Scheduler(bm, rule, max_tokens_per_step, max_running, evictor, budgets,
+                      runner.reallocate if budgets.adaptive else None)
     pending = sorted(requests, key=lambda r: (r.arrival, r.rid))
     eos = set(eos_token_ids)
     out = ServeOutput(requests=list(requests), pool_bytes=runner.pool.nbytes(), attention=runner.attention,

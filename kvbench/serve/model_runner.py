@@ -16,7 +16,7 @@ from kvbench.cache.rotate import rotate
 from kvbench.errors import ConfigError
 from kvbench.models.family import kinds
 from kvbench.models.geometry import model_geometry, rope_inv_freq
-from kvbench.policies.base import Policy, ScoreStats
+from kvbench.policies.base import Policy
 from kvbench.serve.attention import backend as attention_backend
 from kvbench.serve.evict import block_scores, choose
 from kvbench.serve.layout import Layout
@@ -24,6 +24,7 @@ from kvbench.serve.pool import PagedPool
 from kvbench.serve.queries import QueryWindows
 from kvbench.serve.request import Request
 from kvbench.serve.scheduler import Scheduled
+from kvbench.serve.scoring import request_stats
 
 
 class ModelRunner:
@@ -100,34 +101,29 @@ class ModelRunner:
     def evictor(self, req: Request, end: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
         """(L, H, nb) bool: the n[l, h] lowest-scored evictable blocks of each (layer, KV head) of `req` (its
         policy's pair scores, aggregated per block; summed over layers and heads unless `per_head`)."""
-        slots, valid = self.pool.slots(req.pages, req.held)
-        slots = slots.to(self.device)
-        L, H, N = slots.shape
-        pos = self.pool.pos[slots][:, None]  # (L, 1, H, N)
-        ragged = not bool(valid.all())
-        sw = lw = keys = queries = qpos = None
-        if self.pool.track:
-            sw, lw = self.pool.sum_w[slots][:, None], self.pool.last_w[slots][:, None]  # (L, 1, H, N)
-        if self.policy.needs_keys:  # Knorm, KeyDiff, SnapKV: the request's cached keys, as stored (RoPE applied)
-            keys = self.pool.k[slots][:, None]  # (L, 1, H, N, D)
-        if self.windows is not None:
-            queries, qpos = self.windows.get(req.rid)
-        last = torch.full((1, 1, 1, 1), req.num_computed - 1, device=self.device)
-        layers = torch.arange(L, device=self.device)[:, None, None, None]
-        held = req.held.to(self.device)
-        scale = self.windows.scale if self.windows is not None else None
-        if not ragged:
-            stats = ScoreStats(pos=pos, last=last, sum_w=sw, last_w=lw, keys=keys, queries=queries, query_pos=qpos,
-                               scale=scale, n=torch.full((1, 1, 1, 1), N, device=self.device), layers=layers)
-            scores = block_scores(self.policy, stats, self.pool.block_size, self.block_score, self.per_head)
-        else:  # heads hold different counts: one layer at a time, each head's count its own `n`
-            scores = torch.cat([block_scores(self.policy, ScoreStats(
-                pos=pos[i:i + 1], last=last, sum_w=_at(sw, i), last_w=_at(lw, i), keys=_at(keys, i),
-                queries=_at(queries, i), query_pos=qpos, scale=scale, n=held[i][None, None, :, None],
-                layers=layers[i:i + 1]), self.pool.block_size, self.block_score, True) for i in range(L)])
+        parts = request_stats(self.pool, self.windows, req, self.policy, self.device)
+        if len(parts) == 1:
+            scores = block_scores(self.policy, parts[0], self.pool.block_size, self.block_score, self.per_head)
+        else:  # heads hold different counts: one layer at a time
+            scores = torch.cat([block_scores(self.policy, st, self.pool.block_size, self.block_score, True)
+                                for st in parts])
         return choose(scores.cpu(), self.start_blocks, end, n)
 
+    @torch.inference_mode()
+    def reallocate(self, req: Request) -> None:
+        """head_budget=adaptive, when `req` compresses: each layer's pairs split across its KV heads by the policy's
+        scores (AdaKV's rule, kvbench.budgets.adakv), the protected start and recent areas counted first."""
+        from kvbench.budgets.adakv import head_counts
 
-def _at(t: torch.Tensor | None, i: int) -> torch.Tensor | None:
-    """Layer i of a statistic (kept 4- or 5-dimensional), or None."""
-    return None if t is None else t[i:i + 1]
+        held = req.held.to(self.device)  # (L, H): every head holds the whole prompt (nothing evicted yet)
+        budget = torch.minimum(req.budget[:, 0].to(self.device), held[:, 0])  # (L,) pairs per head on average
+        if bool((budget >= held[:, 0]).all()):
+            return
+        (stats,) = request_stats(self.pool, self.windows, req, self.policy, self.device)
+        s = self.policy.score(stats).float().expand(stats.pos.shape)[:, 0].clone()  # (L, H, N)
+        N = s.shape[-1]
+        j = torch.arange(N, device=self.device)
+        protected = (j < self.start_blocks * self.pool.block_size) | (j >= N - req.recent.to(self.device)[..., None])
+        s.masked_fill_(protected, float("inf"))
+        counts = head_counts(s[None], budget, self.policy.head_floor)[0]  # (L, H): layers as the samples' axis
+        req.budget = counts.cpu()

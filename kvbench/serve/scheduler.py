@@ -27,6 +27,7 @@ from kvbench.serve.request import Request
 # (request, end of each head's evictable area (L, H), blocks each evicts (L, H)) -> (L, H, nb) bool: which
 Evictor = Callable[[Request, torch.Tensor, torch.Tensor], torch.Tensor]
 Budgeter = Callable[[Request], tuple]  # request -> (budget, recent), each (L, H) or None
+Reallocator = Callable[[Request], None]  # sets req.budget (L, H) from scores, before the one compression
 
 
 @dataclass
@@ -58,12 +59,14 @@ def _uniform(rule: BlockRule) -> Budgeter:
 
 class Scheduler:
     def __init__(self, blocks: BlockManager, rule: BlockRule, max_tokens_per_step: int, max_running: int | None = None,
-                 evictor: Evictor | None = None, budgets: Budgeter | None = None):
+                 evictor: Evictor | None = None, budgets: Budgeter | None = None,
+                 reallocate: Reallocator | None = None):
         self.bm, self.rule = blocks, rule
         self.max_tokens = max_tokens_per_step
         self.max_running = max_running
         self.evictor = evictor or (lambda req, end, n: oldest(rule.start_blocks, end, n))
         self.budgets = budgets or _uniform(rule)
+        self.reallocate = reallocate  # head-adaptive budgets: the split across heads, when a request compresses
         self.waiting: list[Request] = []  # arrived, FCFS
         self.running: list[Request] = []  # FCFS (arrival order)
         self.preemptions = 0
@@ -103,6 +106,8 @@ class Scheduler:
         """(tokens, (L, H) blocks to evict, or None) for the request's next chunk within `budget` tokens."""
         k = min(req.remaining, budget)
         if k > 0 and self.rule.applies(req):
+            if self.rule.once and self.reallocate is not None:
+                self.reallocate(req)
             k, e = self.rule.plan(req.held, req.recent, req.budget, k)
             return k, e if bool(e.any()) else None
         return k, None
