@@ -17,6 +17,7 @@ import torch
 
 from kvbench import engine
 from kvbench.policies import H2O, TOVA, BatchMax, KeyDiff, Knorm, PyramidKV, SnapKV, StreamingLLM, Window
+from kvbench.serve.blocks import blocks_for
 from kvbench.serve.engine import serve
 from kvbench.serve.request import Request
 from tests.conftest import random_prompts
@@ -110,3 +111,48 @@ def test_per_layer_budgets_differ_by_layer(tiny_llama, monkeypatch):
     per_layer = r.budget[:, 0]
     assert len(set(per_layer.tolist())) > 1 and bool((r.budget == per_layer[:, None]).all())
     assert torch.equal(held[-1][:, 0] - 1, per_layer)  # compressed to each layer's own, then 1 token kept
+
+
+def test_adaptive_head_budgets_keep_adakvs_pairs_and_free_pages_per_head(tiny_llama, monkeypatch):
+    """policy.head_budget=adaptive: at the one compression each layer keeps H x budget pairs, each head its best by
+    score with a floor of int(budget x head_floor): checked against a loop over heads written here (Random's
+    scores are a hash of (layer, head, position), recomputed here from positions alone), and the pool's free
+    pages are exactly what the heads' own counts leave."""
+    from kvbench.policies import Random
+    from kvbench.policies.base import ScoreStats
+    from kvbench.serve import model_runner
+
+    b, bs, P = 12, 1, 40  # one-slot pages: each head keeps exactly its pairs
+    policy = Random(kv_size=b, schedule="after_prefill", evict_every=1, head_budget="adaptive", head_floor=0.25)
+    (r,) = requests(random_prompts((P,), seed=15), 3)
+    step, seen = model_runner.ModelRunner.step, []
+
+    def spy(self, scheduled):
+        if r.num_computed == P:  # the first decode step: just compressed
+            slots, valid = self.pool.slots(r.pages, r.held)
+            seen.append((r.held.clone(), self.pool.pos[slots], valid, self.pool.num_pages))
+        return step(self, scheduled)
+
+    monkeypatch.setattr(model_runner.ModelRunner, "step", spy)
+    from kvbench.serve import blocks
+
+    free = []
+    grow = blocks.BlockManager.grow
+    monkeypatch.setattr(blocks.BlockManager, "grow", lambda bm, q, k: free.append(bm.num_free) or grow(bm, q, k))
+    out = serve(tiny_llama.model, [r], policy, num_blocks=40, block_size=bs, max_tokens_per_step=64)
+    held, pos, valid, pages = seen[0]
+    L, H = held.shape
+    score = policy.score(ScoreStats(pos=torch.arange(P).expand(L, 1, H, P), last=torch.full((1, 1, 1, 1), P - 1),
+                                    layers=torch.arange(L)[:, None, None, None]))[:, 0]  # (L, H, P)
+    floor = int(b * 0.25)
+    for layer in range(L):
+        safe = {(h, int(p)) for h in range(H) for p in score[layer, h].argsort(descending=True)[:floor]}
+        rest = sorted(((float(score[layer, h, p]), h, p) for h in range(H) for p in range(P) if (h, p) not in safe),
+                      reverse=True)
+        want = safe | {(h, p) for _, h, p in rest[: H * b - len(safe)]}
+        for h in range(H):
+            kept = set(pos[layer, h][valid[layer, h]].tolist())
+            assert kept == {p for hh, p in want if hh == h} and int(held[layer, h]) == len(kept)
+    assert out.per_head and len({tuple(x) for x in held.view(-1, 1).tolist()}) > 1  # heads hold different counts
+    # the free-page count after compression: every head's own pages gone, not the largest head's
+    assert free[-1] == pages - int(blocks_for(held + 1, bs).sum())
