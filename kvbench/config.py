@@ -291,7 +291,7 @@ def validate(cfg: DictConfig) -> None:
 
 def _validate_serve(cfg: DictConfig) -> None:
     """serve.* values (always), and how they fit the policy (mode=serve only)."""
-    from kvbench.policies.base import Policy
+    from kvbench.serve.budgets import RequestBudgets
     from kvbench.serve.evict import BLOCK_SCORES, BlockRule
 
     s = cfg.serve
@@ -340,22 +340,21 @@ def _validate_serve(cfg: DictConfig) -> None:
         return  # the policy's own error is raised below, naming its override
     if not policy.evicts:
         return
-    if policy.per_prompt is not None or type(policy).layer_budgets is not Policy.layer_budgets:
-        key = policy.per_prompt
-        raise ConfigError(f"policy.{key}" if key else "policy",
-                          "mode=serve evicts by one kv_size per request (no per-prompt or per-layer budgets)",
-                          getattr(policy, key) if key else policy.name)
-    if policy.head_budget != "uniform":
-        raise ConfigError("policy.head_budget", "mode=serve gives every KV head the same budget (adaptive head "
-                          "budgets run in mode=run)", policy.head_budget)
-    if policy.once:
-        raise ConfigError("policy.schedule", "mode=serve evicts whole blocks as a request grows; a one-off "
-                          "compression after prefill (after_prefill) is not implemented there", policy.schedule)
-    if policy.query_window:
-        raise ConfigError("policy", f"{policy.name} scores pairs with the newest queries (its observation window), "
-                          "which mode=serve's paged pool does not keep", policy.name)
-
+    if policy.head_budget == "adaptive" and cfg.mode == "serve_limits":
+        raise ConfigError("policy.head_budget", "adaptive head budgets split a layer's pairs by attention scores, "
+                          "which mode=serve_limits does not compute (it counts without a model): run mode=serve",
+                          policy.head_budget)
+    if policy.head_budget == "adaptive" and not policy.once:
+        raise ConfigError("policy.head_budget", "mode=serve splits a layer's budget across KV heads once, when a "
+                          "request's prefill ends (AdaKV's protocol): use policy.schedule=after_prefill",
+                          policy.head_budget)
+    if policy.rerotate and RequestBudgets(policy, (1, 1)).per_head:
+        raise ConfigError("policy.rerotate", "mode=serve evicts each layer and KV head its own blocks under "
+                          f"{'schedule=after_prefill' if policy.once else 'per-layer budgets'}, and re-rotation needs "
+                          "one count in every head (rotary positions are shared)", True)
     bs, kv = s.block_size, policy.kv_size
+    if kv is None or policy.once:  # per-prompt budgets: each request's own, checked against its prompt (preflight)
+        return
     if kv % bs:
         raise ConfigError("serve.block_size", f"must divide policy.kv_size={kv} (eviction is by whole blocks)", bs)
     rule = BlockRule.of(policy, bs)

@@ -145,18 +145,13 @@ def check_rope(cfg: DictConfig) -> None:
 
 
 def check_pool(cfg: DictConfig, lengths: list[int]) -> None:
-    """mode=serve with a fixed pool: each request alone fits it (else the engine would wait forever)."""
-    if cfg.mode != "serve" or cfg.serve.num_blocks is None:
+    """mode=serve: each request's own budget leaves it room to run, and with a fixed pool each request alone
+    fits it (else the engine would wait forever): kvbench.serve.fit.check_requests."""
+    if cfg.mode not in ("serve", "serve_limits"):
         return
-    from kvbench.serve.engine import max_blocks, too_small
-    from kvbench.serve.evict import BlockRule
-    from kvbench.serve.request import Request
+    from kvbench.serve.fit import check_requests
 
-    rule = BlockRule.of(build_policy(cfg), cfg.serve.block_size)
-    for i, n in enumerate(lengths):
-        req = Request(rid=i, prompt=[0] * n, max_new_tokens=cfg.gen.max_new_tokens)
-        if max_blocks(req, rule) > cfg.serve.num_blocks:
-            raise ConfigError("serve.num_blocks", too_small(req, rule, cfg.serve.num_blocks), cfg.serve.num_blocks)
+    check_requests(cfg, build_policy(cfg), lengths, lambda: getattr(model_config(cfg), "num_hidden_layers", 1))
 
 
 def check_results_dir(results_dir: str) -> None:

@@ -161,14 +161,8 @@ def violations(c: Combo) -> list[tuple[str, ...]]:
             out.append(("batch_size",))  # the scheduler batches
         if c.attention not in ("auto", "sdpa"):
             out.append(("gen.attention",))  # serve attends over pages with SDPA
-        if c.evicts and per_prompt:
-            out.append((f"policy.{c.budget}",))  # one kv_size per request
-        if c.evicts and c.schedule == "after_prefill":
-            out.append(("policy.schedule",))  # blocks go as a request grows: no one-off compression
-        if c.policy == "pyramidkv":
-            out.append(("policy", "policy.kv_ratio", "policy.compression_ratio"))  # per-layer budgets
-        if c.policy == "snapkv":
-            out.append(("policy",))  # its observation window's queries are not kept by the pool
+        if c.evicts and c.schedule == "after_prefill" and c.rerotate:
+            out.append(("policy.rerotate",))  # each (layer, KV head) compresses on its own: no shared positions
         if c.policy == "extreme_decode":
             out.append(("serve.block_size",))  # kv_size 2 is no whole number of 16-token blocks
     return out

@@ -11,7 +11,9 @@ what really ran (not against the code that wrote it):
 - the attention function that ran (kvbench's backends, or serve mode's paged SDPA / fused) is `attention`;
 - no forward held more pairs than its budget (per group of layers and sample; serve: per request), and
   the budgets the cache held are `kv_budget`'s (kind, min, max, per layer); evicting policies evicted;
-- serve mode: `peak_kv_bytes` is the most blocks in use during a step times a block's K/V bytes;
+- serve mode: no (layer, KV head) of a request held more than its own budget (after_prefill: its budget and
+  the tokens generated since), `kv_budget` is the budgets the requests got; `peak_kv_bytes` is the most
+  pages in use during a step times a page's K/V bytes;
 - one prediction per sample, every token generated; `mode`, `batch_size`, `evict_every`, `schedule`,
   `kv_size`, `kv_ratio` as applied (null where not applied);
 - `extensions` name every departure from the published method and nothing that was not applied
@@ -44,7 +46,7 @@ from kvbench.config import CONF_DIR, validate
 from kvbench.engine import _Batch
 from kvbench.results import read_jsonl, read_records
 from kvbench.serve import attention as paged_attention
-from kvbench.serve.runner import ModelRunner
+from kvbench.serve.model_runner import ModelRunner
 from kvbench.serve.scheduler import Scheduler
 from tests.conftest import assert_one_line_exit_2
 from tests.matrix import (
@@ -92,7 +94,8 @@ class Spy:
         self.per_layer = False
         self.evictions = 0
         self.serve_steps = 0
-        self.most_blocks = 0
+        self.most_pages = 0
+        self.serve_budgets: list[torch.Tensor] = []  # each admitted request's (L, H) budgets
 
     def install(self, mp: pytest.MonkeyPatch) -> None:
         for kernel in (static_attention.sdpa, static_attention.flash, static_attention.eager, static_attention.fused):
@@ -151,17 +154,23 @@ class Spy:
             pol = runner_.policy
             self.serve_steps += 1
             for s in scheduled:
-                held = s.req.n_slots + s.num_tokens
-                if pol.evicts and (pol.evicts_in_prefill or s.req.num_computed >= len(s.req.prompt)) and (
-                        held > pol.kv_size):
-                    self.over.append(f"request {s.req.rid}: {held} pairs > kv_size {pol.kv_size}")
+                r = s.req
+                if r.budget is None:
+                    continue
+                if not any(b is r.budget for b in self.serve_budgets):
+                    self.serve_budgets.append(r.budget)
+                decoded = r.num_computed - len(r.prompt)  # tokens generated and written so far
+                limit = r.budget + max(0, decoded) if pol.once else r.budget
+                if (pol.evicts_in_prefill or decoded >= 0) and bool((r.held + s.num_tokens > limit + (
+                        s.num_tokens if pol.once else 0)).any()):
+                    self.over.append(f"request {r.rid}: {r.held.tolist()} + {s.num_tokens} > {limit.tolist()}")
             return fn(runner_, scheduled)
         return wrapped
 
     def schedule(self, fn):
         def wrapped(sched):
             plan = fn(sched)
-            self.most_blocks = max(self.most_blocks, sched.bm.num_used)
+            self.most_pages = max(self.most_pages, sched.bm.num_used)
             return plan
         return wrapped
 
@@ -226,6 +235,13 @@ def check_limits(c: Combo, rec: dict, spy: Spy) -> None:
     assert longest["prompt_tokens"] == max(PROMPT_TOKENS[c.model])
     if not c.evicts:  # the pool (256 x 16 slots) less the prompt, + 1: the newest token is never cached
         assert (longest["tokens"], longest["capped"]) == (256 * 16 - longest["prompt_tokens"] + 1, False)
+    elif c.schedule == "after_prefill":  # the prompt compressed once, to at most its budget in whole blocks, then
+        slots, got = 256 * 16, longest["tokens"]  # every token kept: the pool less what the prompt kept, + 1
+        assert longest["capped"] is False
+        if c.budget == "kv_size":
+            assert slots - KV_SIZE + 1 <= got <= slots - KV_SIZE + BLOCK, got
+        else:
+            assert slots - longest["prompt_tokens"] + 1 < got <= slots, got
     else:  # eviction keeps a request within its budget: unbounded, stopped at serve.limit_cap
         assert (longest["tokens"], longest["capped"]) == (16384, True)
     fill = lim["fewest_sequences_to_fill"]  # 6 new tokens: requests finish before 256 blocks fill, at any count
@@ -261,7 +277,13 @@ def check_record(c: Combo, rec: dict, spy: Spy) -> None:
     if not c.evicts:
         assert rec["kv_budget"] is None and spy.evictions == 0
     elif serve:
-        assert rec["kv_budget"] == {"by": "kv_size", "min": rec["kv_size"], "max": rec["kv_size"], "per_layer": False}
+        got = spy.serve_budgets
+        per_layer = any(bool((b != b[:1]).any()) for b in got)
+        assert not per_layer or c.policy == "pyramidkv"
+        assert rec["kv_budget"] == {"by": c.budget, "min": min(int(b.min()) for b in got),
+                                    "max": max(int(b.max()) for b in got), "per_layer": per_layer}
+        if c.budget == "kv_size":
+            assert {int(b.min()) for b in got} == {int(b.max()) for b in got} == {rec["kv_size"]}
         assert rec["serve"]["evicted_blocks"] > 0 or c.preset  # 672 pairs hold these prompts whole
     else:
         held = [b for row in spy.budget_rows for b in row]
@@ -270,9 +292,9 @@ def check_record(c: Combo, rec: dict, spy: Spy) -> None:
                                     "per_layer": spy.per_layer}
         assert not spy.per_layer or c.policy == "pyramidkv"  # PyramidKV's may still be one budget (its fallback)
     if serve:
-        layers, heads, dim = GEOMETRY[c.model]
-        block_kv = 2 * layers * BLOCK * heads * dim * ELEM[c.dtype]
-        assert rec["peak_kv_bytes"] == spy.most_blocks * block_kv > 0
+        dim = GEOMETRY[c.model][2]
+        page_kv = 2 * BLOCK * dim * ELEM[c.dtype]  # K and V of one page: block_size slots of one (layer, KV head)
+        assert rec["peak_kv_bytes"] == spy.most_pages * page_kv > 0
         assert spy.serve_steps > 0 and rec["serve"]["completed"] == SAMPLES
     need, never = expected_extensions(c)
     ext = rec["extensions"]
@@ -318,7 +340,7 @@ def test_the_cover_holds_every_pair_and_each_refusal_rule():
     assert {v for c in runs for v in (c.policy,)} == set(AXES["policy"])
     singles = {refusal(c) for c in COMBOS if refusal(c) is not None and len(refusal(c)) == 1}
     assert {("batch_size",), ("gen.attention",), ("policy.kv_ratio",), ("policy.compression_ratio",),
-            ("policy.rerotate",), ("policy.schedule",), ("serve.block_size",), ("policy",)} <= singles
+            ("policy.rerotate",), ("policy.schedule",), ("serve.block_size",)} <= singles
     assert len(COMBOS) <= 130 or FULL
 
 

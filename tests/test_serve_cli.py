@@ -26,9 +26,10 @@ BAD = {
     # a sink block (16) + the recent half (16) + one block for new tokens (16) > 32
     "mode=serve policy=h2o policy.kv_size=32 serve.block_size=16 policy.protect_first=1": "policy.kv_size",
     "mode=nope": "mode",
-    # one kv_size per request: no per-prompt or per-layer budgets
-    "mode=serve policy=h2o policy.kv_ratio=0.5": "policy.kv_ratio",
-    "mode=serve policy=pyramidkv policy.kv_size=64 serve.block_size=16 policy.evict_every=16 policy.window=16": "pyramidkv",
+    # a per-prompt budget below a request's protected areas plus one block: it could never feed a token
+    "mode=serve policy=h2o policy.kv_ratio=0.01": "policy.kv_ratio",
+    # each (layer, KV head) compresses on its own under after_prefill: no shared rotary positions
+    f"{BM} policy.schedule=after_prefill policy.rerotate=true": "policy.rerotate",
 }
 
 

@@ -47,4 +47,6 @@ def test_rule_areas_and_full():
     assert rule.evictable(30) == range(1, 3)  # block 3 is partly filled
     h = BlockRule.of(H2O(kv_size=32, evict_every=1), 8)
     assert h.recent == 16 and h.evictable(32) == range(0, 2) and not h.in_prefill
-    assert not BlockRule.of(Full(), 8).applies(100, 10)
+    from kvbench.serve.request import Request
+
+    assert not BlockRule.of(Full(), 8).applies(Request(0, [1] * 10, 4, num_computed=100))

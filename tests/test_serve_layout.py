@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.serve.pool import DECODE_PAD, Layout, PagedPool
+from kvbench.serve.layout import DECODE_PAD, Layout
 
 
 def layout(n_before, k, bs=4):
-    pool = PagedPool(num_layers=1, num_blocks=200, block_size=bs, num_kv_heads=1, head_dim=2, dtype=torch.float32,
-                     device="cpu", track_attention=False)
-    tables, nxt = [], 0
+    tables, held, nxt = [], [], 0
     for nb, kk in zip(n_before, k, strict=True):
         need = -(-(nb + kk) // bs)
-        tables.append(list(range(nxt, nxt + need)))
+        tables.append(torch.arange(nxt, nxt + need)[None, None])  # (1, 1, W): one layer, one KV head
+        held.append(torch.tensor([[nb]]))
         nxt += need
-    return Layout.build(pool, tables, n_before, k, n_before, "cpu")
+    return Layout.build(bs, tables, held, k, n_before, "cpu")
 
 
 def test_parts_hold_only_real_queries():
@@ -36,13 +35,14 @@ def test_decode_groups_bound_their_padding():
     n_before = [3, 5, 8, 40, 44, 47, 300, 301]
     lay = layout(n_before, [1] * 8)
     for p in lay.parts:
-        real = int(p.key_valid.sum())
-        padded = p.key_valid.numel()
+        valid = p.slots(0)[1]
+        real = int(valid.sum())
+        padded = valid.numel()
         blocks = p.blocks.numel()
-        need = int(sum(-(-int(n) // 4) for n in p.n_after))
+        need = int(sum(-(-int(n) // 4) for n in p.n_after.flatten()))
         assert blocks <= (1 + DECODE_PAD) * need, (blocks, need)  # padded key work within the bound
         assert padded >= real
     long = next(p for p in lay.parts if 6 in p.out.tolist())
     assert sorted(long.out.tolist()) == [6, 7]  # the long rows apart from the short and middle ones
-    whole = sum(p.key_valid.numel() for p in lay.parts)
+    whole = sum(p.slots(0)[1].numel() for p in lay.parts)
     assert whole < 8 * 4 * (-(-302 // 4)) / 2  # far less than padding every row to the longest

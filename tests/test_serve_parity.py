@@ -73,21 +73,23 @@ def test_eviction_invariants(tiny, policy):
     prompts = random_prompts(LENGTHS, seed=7)
     reqs = requests(prompts, 10)
     bs = 4
-    from kvbench.serve import runner as runner_mod
+    from kvbench.serve import model_runner as runner_mod
 
     seen = []
     orig = runner_mod.ModelRunner.evictor
 
-    def spy(self, req, cand, n):
-        got = orig(self, req, cand, n)
+    def spy(self, req, end, n):
+        got = orig(self, req, end, n)  # (L, H, nb) bool
         start = -(-policy.protect_first // bs)
-        assert all(b >= start for b in got)
-        assert all((b + 1) * bs <= req.n_slots - policy.protect_recent for b in got)
-        kept_pos = self.pool.pos[self.pool.slots(req.blocks, req.n_slots)].tolist()
-        gone = set(got)
+        idx = got.nonzero()[:, 2]
+        assert bool((idx >= start).all())
+        assert bool(((idx + 1) * bs <= req.n_slots - policy.protect_recent).all())
+        assert bool((got == got[:1, :1]).all())  # one budget per request: the same blocks everywhere
+        kept_pos = self.pool.pos[self.pool.slots(req.pages, req.held)[0][0, 0]].tolist()
+        gone = set(got[0, 0].nonzero().flatten().tolist())
         left = [p for i, p in enumerate(kept_pos) if i // bs not in gone]
         assert left[: policy.protect_first] == kept_pos[: policy.protect_first]
-        seen.append(n)
+        seen.append(int(n[0, 0]))
         return got
 
     orig_step = runner_mod.ModelRunner.step
@@ -96,7 +98,7 @@ def test_eviction_invariants(tiny, policy):
     def step(self, scheduled):
         for s in scheduled:  # after this step's evictions and writes, within the budget
             assert s.req.n_slots + s.num_tokens <= policy.kv_size
-            assert len(s.req.blocks) * bs <= policy.kv_size
+            assert s.req.pages.shape[-1] * bs <= policy.kv_size + bs
             held.append(s.req.n_slots + s.num_tokens)
         return orig_step(self, scheduled)
 

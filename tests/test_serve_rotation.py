@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kvbench.policies import H2O, BatchMax, Window
-from kvbench.serve import runner as runner_mod
+from kvbench.serve import model_runner as runner_mod
 from kvbench.serve.engine import serve
 from kvbench.serve.request import Request
 from tests.conftest import random_prompts
@@ -27,11 +27,12 @@ def run(lm, policy, monkeypatch):
             evicted.append(r.evicted_blocks)
             if r.n_slots == 0:
                 continue
-            slots = self.pool.slots(r.blocks, r.n_slots)
+            slots = self.pool.slots(r.pages, r.held)[0][0]  # (H, N): layer 0's pages, each KV head its own
             seq = torch.tensor(r.prompt + r.output)
-            src = self.pool.pos[slots]
-            K = self.pool.k[0][slots].transpose(0, 1)  # (H, N, D)
-            for name, at in (("slot", torch.arange(len(slots))), ("source", src)):
+            src = self.pool.pos[slots[0]]
+            assert torch.equal(self.pool.pos[slots], src.expand(slots.shape))  # every head holds the same pairs
+            K = self.pool.k[slots]  # (H, N, D)
+            for name, at in (("slot", torch.arange(slots.shape[-1])), ("source", src)):
                 err = float((K - fresh_keys(lm.model, seq[src], at)).abs().max())
                 errors[name] = max(errors[name], err)
         return step(self, scheduled)

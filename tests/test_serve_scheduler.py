@@ -1,23 +1,30 @@
-"""Block manager and scheduler alone (no model): ownership, freeing, FCFS, preemption, budgets, eviction counts."""
+"""Block manager and scheduler alone (no model): ownership, freeing, FCFS, preemption, budgets, eviction counts,
+and pages owned per (layer, KV head): the pool's free-page count follows each head's own budget."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
-from kvbench.serve.blocks import BlockManager
+from kvbench.serve.blocks import BlockManager, blocks_for
 from kvbench.serve.evict import BlockRule
 from kvbench.serve.request import Request
 from kvbench.serve.scheduler import Scheduler
 
 
+def owned(r: Request, bs: int) -> list[int]:
+    """The pages a request holds, every (layer, KV head)'s."""
+    if r.pages is None:
+        return []
+    return r.pages[torch.arange(r.pages.shape[-1]) < blocks_for(r.held, bs)[..., None]].tolist()
+
+
 def check_ownership(bm: BlockManager, reqs: list[Request]) -> None:
-    held = [b for r in reqs for b in r.blocks]
-    assert len(held) == len(set(held)), "a block is owned by two requests"
+    held = [b for r in reqs for b in owned(r, bm.block_size)]
+    assert len(held) == len(set(held)), "a page is owned by two requests"
     assert set(held).isdisjoint(bm.free_ids)
-    assert len(held) + bm.num_free == bm.num_blocks
+    assert len(held) + bm.num_free == bm.num_pages
     assert len(set(bm.free_ids)) == len(bm.free_ids)
-    for r in (r for r in reqs if not r.finished):
-        assert len(r.blocks) == -(-r.n_slots // bm.block_size) or r.n_slots == 0 and not r.blocks
 
 
 def simulate(sched: Scheduler, reqs: list[Request], max_steps=10_000, on_step=None):
@@ -32,7 +39,7 @@ def simulate(sched: Scheduler, reqs: list[Request], max_steps=10_000, on_step=No
         assert plan.scheduled or plan.preempted, "no progress"
         for s in plan.scheduled:
             s.req.num_computed += s.num_tokens
-            s.req.n_slots += s.num_tokens
+            sched.bm.advance(s.req, s.num_tokens)
         check_ownership(sched.bm, reqs)
         for s in plan.scheduled:
             if s.req.remaining == 0:
@@ -54,15 +61,36 @@ def reqs_of(lengths, new=4):
 def test_block_manager_hands_out_and_takes_back():
     bm = BlockManager(5, 4)
     a, b = Request(0, [1], 1), Request(1, [1], 1)
-    bm.allocate(a, 2)
-    bm.allocate(b, 3)
-    assert not bm.can_allocate(1) and set(a.blocks).isdisjoint(b.blocks)
+    bm.admit(a)
+    bm.admit(b)
+    bm.grow(a, 8)
+    bm.grow(b, 12)
+    assert not bm.can_allocate(1) and set(owned(a, 4)).isdisjoint(owned(b, 4))
+    bm.advance(a, 8)
     with pytest.raises(RuntimeError):
-        bm.allocate(a, 1)
-    bm.free_logical(b, [1])
-    assert bm.num_free == 1 and len(b.blocks) == 2
+        bm.grow(a, 1)
+    bm.advance(b, 12)
+    bm.evict(b, torch.tensor([[[False, True, False]]]))
+    assert bm.num_free == 1 and int(b.held) == 8 and len(owned(b, 4)) == 2
     bm.free(a)
-    assert bm.num_free == 3 and a.blocks == [] and set(bm.owner.values()) == {1}
+    assert bm.num_free == 3 and a.pages is None
+
+
+def test_pages_are_freed_head_by_head():
+    """Pages owned per (layer, KV head): a head that evicts gives its pages back alone, and an uneven split of
+    the same total takes as many pages as the uniform one, head by head."""
+    bm = BlockManager(10, 4, shape=(2, 3))  # 10 blocks = 60 pages
+    r = Request(0, [1] * 16, 4)
+    bm.admit(r)
+    bm.grow(r, 16)
+    bm.advance(r, 16)
+    assert bm.num_free == 60 - 6 * 4
+    which = torch.zeros(2, 3, 4, dtype=torch.bool)
+    which[1, 2, 1:3] = True  # layer 1, KV head 2 evicts two of its four blocks
+    bm.evict(r, which)
+    assert bm.num_free == 60 - 6 * 4 + 2 and r.held.tolist() == [[16, 16, 16], [16, 16, 8]]
+    bm.grow(r, 1)  # one more token: a new page in every (layer, KV head), the short head's too
+    assert bm.num_free == 60 - 6 * 4 + 2 - 6
 
 
 def test_all_finish_blocks_return_and_budget_holds():
@@ -71,7 +99,7 @@ def test_all_finish_blocks_return_and_budget_holds():
     reqs = reqs_of([13, 5, 30, 9, 22])
     plans = simulate(sched, reqs)
     assert all(r.finished and len(r.output) == 4 for r in reqs)
-    assert bm.num_free == 40 and not bm.owner
+    assert bm.num_free == 40
     assert max(p.num_tokens for p in plans) <= 16
     # chunked prefill: the 30-token prompt needed more than one step
     assert sum(1 for p in plans for s in p.scheduled if s.req.rid == 2 and s.num_tokens > 1) >= 2
@@ -133,27 +161,29 @@ def test_preempted_request_restarts_from_zero():
         plan = sched.schedule()
         for s in plan.scheduled:
             s.req.num_computed += s.num_tokens
-            s.req.n_slots += s.num_tokens
+            bm.advance(s.req, s.num_tokens)
             if s.req.remaining == 0:
                 s.req.output.append(7)
         if plan.preempted:
             seen.append(plan.preempted[0])
             break
-    assert seen == [b] and b.num_computed == 0 and b.blocks == [] and b in sched.waiting
+    assert seen == [b] and b.num_computed == 0 and b.pages is None and b in sched.waiting
     assert b.output  # its output is kept and recomputed as prompt
     assert b.remaining == b.seq_len
 
 
 def test_eviction_keeps_budget_and_protected_blocks():
-    rule = BlockRule(block_size=4, kv_size=16, start_blocks=1, recent=4)
+    rule = BlockRule(block_size=4, kv_size=16, start_blocks=1, recent=4, evicts=True)
     bm = BlockManager(30, 4)
     evicted = []
 
-    def evictor(req, cand, n):
-        assert 0 not in cand  # start area
-        assert all((i + 1) * 4 <= req.n_slots - 4 for i in cand)  # recent area
-        evicted.append(n)
-        return list(cand)[-n:]  # the newest evictable: the start/recent checks still hold
+    def evictor(req, end, n):
+        e, k = int(end.max()), int(n.max())
+        assert e * 4 <= req.n_slots - 4  # recent area
+        evicted.append(k)
+        which = torch.zeros(1, 1, e, dtype=torch.bool)
+        which[..., max(1, e - k):e] = True  # the newest evictable, never block 0 (the start area)
+        return which
 
     sched = Scheduler(bm, rule, max_tokens_per_step=64, evictor=evictor)
     reqs = reqs_of([30, 7], new=20)
@@ -161,14 +191,14 @@ def test_eviction_keeps_budget_and_protected_blocks():
     def after(plan):
         for r in reqs:
             if not r.finished:
-                assert r.n_slots <= 16 and len(r.blocks) <= 4
+                assert r.n_slots <= 16 and len(owned(r, 4)) <= 4
 
     simulate(sched, reqs, on_step=after)
     assert sum(evicted) > 0 and all(r.finished for r in reqs)
 
 
 def test_decode_only_evicts_after_the_prompt():
-    rule = BlockRule(block_size=4, kv_size=8, recent=0, in_prefill=False)
+    rule = BlockRule(block_size=4, kv_size=8, recent=0, in_prefill=False, evicts=True)
     sched = Scheduler(BlockManager(30, 4), rule, max_tokens_per_step=64)
     (r,) = reqs_of([20], new=5)
     peak = []
@@ -177,9 +207,22 @@ def test_decode_only_evicts_after_the_prompt():
 
 
 def test_rule_plan_counts():
-    rule = BlockRule(block_size=4, kv_size=16, start_blocks=1, recent=4)
+    rule = BlockRule(block_size=4, kv_size=16, start_blocks=1, recent=4, evicts=True)
+
+    def plan(held, k, budget=16):
+        t = torch.tensor([[held]])
+        got, e = rule.plan(t, torch.tensor([[4]]), torch.tensor([[budget]]), k)
+        return got, int(e)
+
     assert list(rule.evictable(16)) == [1, 2]
-    assert rule.plan(16, 1) == (1, 1)
-    assert rule.plan(10, 1) == (1, 0)
-    assert rule.plan(16, 100)[0] == 16 - 8  # evicting both evictable blocks leaves 8
+    assert plan(16, 1) == (1, 1)
+    assert plan(10, 1) == (1, 0)
+    assert plan(16, 100)[0] == 16 - 8  # evicting both evictable blocks leaves 8
     assert BlockRule(4).kv_size is None
+    # per (layer, KV head) budgets: the tightest head bounds the chunk, each head evicts its own count
+    held, recent = torch.tensor([[16, 16], [16, 16]]), torch.full((2, 2), 4)
+    k, e = rule.plan(held, recent, torch.tensor([[16, 12], [20, 16]]), 2)
+    assert k == 2 and e.tolist() == [[1, 2], [0, 1]]
+    once = BlockRule(block_size=4, kv_size=8, evicts=True, once=True)
+    k, e = once.plan(torch.tensor([[30, 30]]), torch.zeros(1, 2, dtype=torch.long), torch.tensor([[8, 13]]), 1)
+    assert k == 1 and e.tolist() == [[6, 5]]  # to at most the budget, whole blocks: 6 and 10 pairs kept

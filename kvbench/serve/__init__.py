@@ -1,13 +1,17 @@
 """Serving mode (`kvbench mode=serve`): eviction policies inside a continuous-batching engine.
 
 One idea per file, nano-vllm style:
-    request.py    a request's state (tokens, cursor, block table, timings)
-    blocks.py     the block manager: only counts and hands out block ids
+    request.py    a request's state (tokens, cursor, block tables per (layer, KV head), budgets, timings)
+    blocks.py     the block manager: only counts and hands out pages (one per layer and KV head)
+    budgets.py    each request's budget per (layer, KV head), from its own prompt or given
+    fit.py        whether a pool can ever hold a request, and whether its budget leaves room to run
     scheduler.py  continuous batching: admission, chunked prefill, preemption, how many blocks to evict
     evict.py      block-granular eviction: the evictable area and block scores from a policy's score()
-    pool.py       the paged KV pool and one forward's layout (which slots each token writes and reads)
+    pool.py       the paged KV pool (pages of one layer and KV head)
+    layout.py     one forward's layout (which slots each token writes and reads, per layer and KV head)
+    queries.py    each request's newest queries per layer (SnapKV, PyramidKV)
     attention.py  attention over pages, registered with transformers, active only inside a context
-    runner.py     the model runner: one forward over a mix of prefill chunks and decode rows
+    model_runner.py  the model runner: one forward over a mix of prefill chunks and decode rows
     engine.py     the loop: arrivals -> schedule -> run -> sample -> finish; timeline and timings
     workload.py   requests from a task's prompts, seeded Poisson arrivals
     metrics.py    requests/s, tok/s, TTFT/TPOT percentiles, the utilisation plot

@@ -3,16 +3,18 @@
 `paged_attention` is registered under its own name (with a mask function returning None: what each query
 sees comes from the forward's `Layout`) and is active only inside `paged(model)`, on that model. The model
 runs with `use_cache=False` on the packed tokens of every scheduled request: each layer's new keys/values
-(RoPE applied) are written into the pool here, then each `Part` of the layout (a prefill chunk, or a group
-of decode rows of similar length) attends over its own pages:
+(RoPE applied) are written into their pages here (each (layer, KV head) its own), then each `Part` of the
+layout (a prefill chunk, or a group of decode rows of similar length) attends over its own pages:
 
-* CPU, or CUDA without flash-attn: the part's pages are gathered block by block and one SDPA call runs
-  over them (`sdpa`); scored policies instead get the output and their statistics from ONE set of
-  probabilities (kvbench.attention's `fused` path: no second QK^T pass);
+* CPU, or CUDA without flash-attn: the part's pages are gathered (one index per page) and one SDPA call
+  runs over them (`sdpa`); when the heads of a row hold different counts the G query heads of a KV group
+  are folded into the query axis so each KV head gets its own mask. Scored policies instead get the
+  output and their statistics from ONE set of probabilities (kvbench.attention's `fused` path: no second
+  QK^T pass);
 * CUDA with flash-attn installed, a policy that needs no statistics and a block size that is a multiple of
-  256 (flash-attn's paged-KV constraint): `flash_attn_with_kvcache` reads the pages in place through the
-  block table. This path has not run on a GPU yet (no GPU has been lent to this project's serving work);
-  `PAGED_FLASH` says whether it may be used.
+  256 (flash-attn's paged-KV constraint): `flash_attn_with_kvcache` reads the pages in place, each
+  (row, KV head) a sequence of its own. This path has not run on a GPU yet (no GPU has been lent to this
+  project's serving work); `PAGED_FLASH` says whether it may be used.
 
 The record's `attention` names what ran: `paged_sdpa`, `paged_fused` (scored policies), `paged_flash`.
 """
@@ -44,53 +46,70 @@ def backend(device: torch.device, dtype: torch.dtype, track: bool, block_size: i
     return "paged_sdpa"
 
 
-def _flash(q, kb, vb, part, scaling):
-    """flash-attn's paged kernel: q (R_p, Hq, K_q, D); kb/vb (num_blocks, block_size, H, D), read in place."""
+def _flash(q, kp, vp, part, layer, scaling):
+    """flash-attn's paged kernel, each (row, KV head) a sequence: q (R, Hq, K_q, D); kp/vp (P, bs, D) in place."""
     from flash_attn import flash_attn_with_kvcache  # the optional `flash` extra
 
-    return flash_attn_with_kvcache(q.transpose(1, 2), kb, vb, cache_seqlens=part.n_after, block_table=part.table,
-                                   softmax_scale=scaling, causal=True)  # (R_p, K_q, Hq, D): bottom-right aligned
+    R, Hq, Kq, D = q.shape
+    H = part.blocks.shape[2]
+    qs = q.view(R, H, Hq // H, Kq, D).permute(0, 1, 3, 2, 4).reshape(R * H, Kq, Hq // H, D)
+    o = flash_attn_with_kvcache(qs, kp[:, :, None], vp[:, :, None], cache_seqlens=part.n_after[layer].flatten().int(),
+                                block_table=part.blocks[layer].flatten(0, 1).int(), softmax_scale=scaling, causal=True)
+    return o.view(R, H, Kq, Hq // H, D).permute(0, 2, 1, 3, 4).reshape(R, Kq, Hq, D)  # bottom-right aligned
+
+
+def _sdpa(qp, k, v, part, view, scaling):
+    """qp (R, Hq, K_q, D), k/v (R, H, N, D) -> (R, K_q, Hq, D)."""
+    R, Hq, Kq, D = qp.shape
+    H = k.shape[1]
+    if view.mask is None or view.mask.shape[1] == 1:  # one mask for every head
+        return F.scaled_dot_product_attention(qp, k, v, attn_mask=part.additive(view, qp.dtype), scale=scaling,
+                                              is_causal=view.causal, enable_gqa=Hq != H).transpose(1, 2)
+    G = Hq // H  # each KV head its own mask: its G query heads folded into the query axis
+    mask = view.mask[:, :, None].expand(R, H, G, Kq, view.mask.shape[-1]).reshape(R, H, G * Kq, -1)
+    o = F.scaled_dot_product_attention(qp.reshape(R, H, G * Kq, D), k, v, attn_mask=mask, scale=scaling)
+    return o.view(R, Hq, Kq, D).transpose(1, 2)
 
 
 def paged_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """query (1, Hq, T, D), key/value (1, H_kv, T, D): the packed new tokens of every request."""
     pool, lay = kwargs["kvbench_pool"], kwargs["kvbench_layout"]
     layer = module.layer_idx
-    K, V = pool.k[layer], pool.v[layer]  # (S, H, D)
-    K[lay.write] = key[0].transpose(0, 1).to(K.dtype)  # (T, H, D)
-    V[lay.write] = value[0].transpose(0, 1).to(V.dtype)
+    w = lay.write[layer]  # (T, H)
+    pool.k[w] = key[0].transpose(0, 1).to(pool.k.dtype)  # (T, H, D)
+    pool.v[w] = value[0].transpose(0, 1).to(pool.v.dtype)
     if pool.k_src is not None:  # re-rotation's source: the keys as written
-        pool.k_src[layer][lay.write] = K[lay.write]
-    S, H, D = K.shape
-    bs = pool.block_size
-    kb, vb = K.view(S // bs, bs, H, D), V.view(S // bs, bs, H, D)
+        pool.k_src[w] = pool.k[w]
+    if lay.windows is not None:
+        lay.windows.update(layer, query, scaling)
+    D, bs = pool.k.shape[-1], pool.block_size
+    kp, vp = pool.k.view(-1, bs, D), pool.v.view(-1, bs, D)  # (P, bs, D)
     q = query[0].transpose(0, 1)  # (T, Hq, D)
     out = torch.empty(q.shape, dtype=query.dtype, device=query.device)
     kind = lay.attention
     if pool.track:
-        sw, lw = pool.sum_w[layer], pool.last_w[layer]  # (S, H)
-        sw[lay.write] = 0.0  # a new pair starts from nothing (its slot may hold a former owner's)
+        pool.sum_w[w] = 0.0  # a new pair starts from nothing (its slot may hold a former owner's)
     for part in lay.parts:
         qp = q[part.q_index].transpose(1, 2)  # (R_p, Hq, K_q, D)
         if kind == "paged_flash":
-            out[part.out] = _flash(qp, kb, vb, part, scaling)[part.real]
+            out[part.out] = _flash(qp, kp, vp, part, layer, scaling)[part.real]
             continue
-        R, N = part.rows, part.slots.shape[1]
         if part.fresh is not None:  # a first chunk attends to its own new keys: no gather
             k, v = key[:, :, part.fresh], value[:, :, part.fresh]  # (1, H, k, D)
         else:
-            k = kb.index_select(0, part.blocks).view(R, N, H, D).transpose(1, 2)  # (R_p, H, N, D): whole pages
-            v = vb.index_select(0, part.blocks).view(R, N, H, D).transpose(1, 2)
+            b = part.blocks[layer]  # (R, H, nb): whole pages
+            k = kp.index_select(0, b.flatten()).view(*b.shape[:2], -1, D)  # (R, H, N, D)
+            v = vp.index_select(0, b.flatten()).view(*b.shape[:2], -1, D)
+        view = part.at(layer)
         if kind == "paged_fused":  # output and statistics from one set of probabilities
-            o, (w_sum, w_last) = _fused(qp, k.to(qp.dtype), v.to(qp.dtype), part, scaling, _state["score_chunk"])
-            valid = part.key_valid[:, : w_sum.shape[-1]]  # a first chunk's N is its own length
-            idx = part.slots[:, : w_sum.shape[-1]][valid]  # distinct slots: no block has two owners
-            sw[idx] += w_sum.transpose(1, 2)[valid]
-            lw[idx] = w_last.transpose(1, 2)[valid]
+            o, (w_sum, w_last) = _fused(qp, k.to(qp.dtype), v.to(qp.dtype), view, scaling, _state["score_chunk"])
+            slots, valid = part.slots(layer)
+            n = w_sum.shape[-1]  # a first chunk's N is its own length
+            idx = slots[..., :n][valid[..., :n]]  # distinct slots: no page has two owners
+            pool.sum_w[idx] += w_sum[valid[..., :n]]
+            pool.last_w[idx] = w_last[valid[..., :n]]
         else:
-            o = F.scaled_dot_product_attention(qp, k.to(qp.dtype), v.to(qp.dtype), attn_mask=part.additive(qp.dtype), scale=scaling,
-                                               is_causal=part.causal, enable_gqa=qp.shape[1] != H
-                                               ).transpose(1, 2)  # (R_p, K_q, Hq, D)
+            o = _sdpa(qp, k.to(qp.dtype), v.to(qp.dtype), part, view, scaling)
         out[part.out] = o[part.real]
     return out[None], None  # (1, T, Hq, D)
 

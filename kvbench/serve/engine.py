@@ -2,11 +2,12 @@
 
 The clock advances by each step's measured wall time (CUDA synchronised); when nothing is running
 or waiting it jumps to the next arrival instead of sleeping (idle time costs nothing and changes
-no measurement). Each step appends one timeline point (clock, pool blocks used, running, waiting), the
+no measurement). Each step appends one timeline point (clock, pool blocks used (pages / (layers x KV heads)),
+running, waiting), the
 first two as they were during the step: taken once the step's blocks are allocated and before the
 requests it finished give theirs back, so the peak is the step's own.
 A request finishes at `max_new_tokens` or at EOS (unless `ignore_eos`); its output keeps the EOS
-like the static engine's, and its blocks go back to the pool at once.
+like the static engine's, and its pages go back to the pool at once.
 """
 
 from __future__ import annotations
@@ -18,12 +19,15 @@ from dataclasses import dataclass, field
 import torch
 
 from kvbench.errors import ConfigError
+from kvbench.models.geometry import model_geometry
 from kvbench.policies.base import Policy
 from kvbench.serve.attention import paged
-from kvbench.serve.blocks import BlockManager, blocks_for
+from kvbench.serve.blocks import BlockManager
+from kvbench.serve.budgets import HeadBudgets, RequestBudgets
 from kvbench.serve.evict import BlockRule
+from kvbench.serve.fit import max_blocks, max_pages, stuck, too_small  # noqa: F401  (max_blocks: the preflight's)
+from kvbench.serve.model_runner import ModelRunner
 from kvbench.serve.request import Request
-from kvbench.serve.runner import ModelRunner
 from kvbench.serve.scheduler import Scheduler
 
 
@@ -41,23 +45,14 @@ class ServeOutput:
     attention: str = ""  # what attended (kvbench.serve.attention.backend)
     block_bytes: int = 0  # one block in every layer: K, V, positions, statistics
     kv_block_bytes: int = 0  # one block in every layer: K and V only
+    peak_pages: int = 0  # the most pages in use at once (a page: block_size slots of one layer and KV head)
+    pages_per_block: int = 1  # layers x KV heads
+    per_head: bool = False  # each (layer, KV head) evicts its own blocks (kvbench.serve.evict's head scope)
 
-
-def max_blocks(req: Request, rule: BlockRule) -> int:
-    """Most blocks the request can ever hold alone (its KV never includes the last output token)."""
-    total = len(req.prompt) + req.max_new_tokens - 1
-    if rule.kv_size is None:
-        return blocks_for(total, rule.block_size)
-    if rule.in_prefill:
-        return blocks_for(min(total, rule.kv_size), rule.block_size)
-    return blocks_for(min(total, max(len(req.prompt), rule.kv_size) + rule.block_size), rule.block_size)
-
-
-def too_small(req: Request, rule: BlockRule, num_blocks: int) -> str:
-    """Why a pool of `num_blocks` can never hold `req` (one line)."""
-    return (f"a pool of {num_blocks} blocks of {rule.block_size} tokens can never hold request {req.rid} "
-            f"({len(req.prompt)} prompt tokens + {req.max_new_tokens} new): alone it needs {max_blocks(req, rule)} "
-            "blocks under this policy and schedule")
+    @property
+    def peak_kv_bytes(self) -> int:
+        """K and V bytes of the most pages in use at once."""
+        return self.peak_pages * self.kv_block_bytes // self.pages_per_block
 
 
 def _sync(device) -> None:
@@ -79,21 +74,30 @@ def serve(
     ignore_eos: bool = False,
     score_chunk: int = 64,
     progress=None,
+    head_budgets: HeadBudgets | None = None,
 ) -> ServeOutput:
+    """Serve `requests`; `head_budgets` (request -> (L, H) pairs) gives each (layer, KV head) its own budget."""
     rule = BlockRule.of(policy, block_size)
+    geo = model_geometry(model)
+    shape = (len(geo["layer_devices"]), geo["num_kv_heads"])
+    budgets = RequestBudgets(policy, shape, head_budgets)
     for r in requests:
-        if max_blocks(r, rule) > num_blocks:
-            raise ConfigError("serve.num_blocks", too_small(r, rule, num_blocks), num_blocks)
+        budget, recent = budgets(r)
+        if max_pages(r, rule, budget) > num_blocks * (1 if budget is None else budget.numel()):
+            raise ConfigError("serve.num_blocks", too_small(r, rule, num_blocks, budget), num_blocks)
+        if (why := stuck(r, rule, budget, recent)) is not None:
+            raise ConfigError(f"policy.{policy.per_prompt or 'kv_size'}", why, policy.kv_size)
     rotate = policy.rerotate and policy.evicts  # cache rotation: kept keys re-rotated to contiguous slots
-    runner = ModelRunner(model, num_blocks, block_size, policy, block_score, rotate=rotate)
-    bm = BlockManager(num_blocks, block_size)
+    runner = ModelRunner(model, num_blocks, block_size, policy, block_score, rotate=rotate, per_head=budgets.per_head)
+    bm = BlockManager(num_blocks, block_size, shape)
     evictor = runner.evictor if policy.evicts else None
-    sched = Scheduler(bm, rule, max_tokens_per_step, max_running, evictor)
+    sched = Scheduler(bm, rule, max_tokens_per_step, max_running, evictor, budgets,
+                      runner.reallocate if budgets.adaptive else None)
     pending = sorted(requests, key=lambda r: (r.arrival, r.rid))
     eos = set(eos_token_ids)
     out = ServeOutput(requests=list(requests), pool_bytes=runner.pool.nbytes(), attention=runner.attention,
-                      block_bytes=runner.pool.nbytes() // num_blocks,
-                      kv_block_bytes=2 * runner.pool.k[:, :block_size].numel() * runner.pool.k.element_size())
+                      block_bytes=runner.pool.nbytes() // num_blocks, kv_block_bytes=runner.pool.kv_block_bytes(),
+                      per_head=budgets.per_head, pages_per_block=bm.pages_per_block)
     clock, left = 0.0, len(pending)
     with paged(model, score_chunk=score_chunk):
         while left:
@@ -104,6 +108,8 @@ def serve(
                 continue
             t0 = time.perf_counter()
             plan = sched.schedule()
+            for r in plan.preempted:
+                runner.forget(r)
             used, running = bm.num_used, len(sched.running)  # during this step, before finished requests leave
             if not plan.scheduled:
                 if plan.preempted:
@@ -122,7 +128,7 @@ def serve(
             for s in plan.scheduled:
                 r = s.req
                 r.num_computed += s.num_tokens
-                r.n_slots += s.num_tokens
+                bm.advance(r, s.num_tokens)
                 if r.rid in nxt:
                     tok = nxt[r.rid]
                     r.output.append(tok)
@@ -131,11 +137,18 @@ def serve(
                     if len(r.output) >= r.max_new_tokens or (not ignore_eos and tok in eos):
                         r.finished_at = clock
                         sched.finish(r)
+                        runner.forget(r)
                         left -= 1
                         if progress is not None:
                             progress.update(1)
-            out.timeline.append((clock, used, running, len(sched.waiting)))
+            out.peak_pages = max(out.peak_pages, used)
+            out.timeline.append((clock, _blocks(used, bm.pages_per_block), running, len(sched.waiting)))
     out.wall_s = clock
     out.preemptions, out.recomputed_tokens = sched.preemptions, sched.recomputed_tokens
     out.evicted_blocks = sum(r.evicted_blocks for r in requests)
     return out
+
+
+def _blocks(pages: int, per_block: int) -> int | float:
+    """Pages in use as blocks (one page in every layer and KV head): an int when whole."""
+    return pages // per_block if pages % per_block == 0 else round(pages / per_block, 3)

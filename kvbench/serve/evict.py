@@ -1,15 +1,20 @@
-"""Block-granular eviction (OpenVINO GenAI's areas, with kvbench's eviction during prefill).
+"""Block-granular eviction (OpenVINO GenAI's areas, with kvbench's eviction during prefill), per (layer, KV head).
 
-A request's held slots split into a start area (the first `ceil(protect_first / block_size)`
-blocks), an evictable area, and a recent area (the last `protect_recent` slots plus the partly
-filled last block). Only whole, full blocks of the evictable area are evicted. Before a forward
-that would take a request over `policy.kv_size` slots, the scheduler asks for the fewest blocks
-that keep it within budget (`BlockRule`) and `choose_blocks` picks the lowest-scored ones: the
-policy's own `score()` on its pairs (no copy of any policy), aggregated per block over layers, KV
-heads and the block's slots, as a sum or as NORM_SUM (each pair's score divided by its lifetime in
-the cache, OpenVINO's default). `full` never evicts; `window` (score = position) drops the oldest
-evictable block. A block is evicted from every layer and KV head at once (one block table per
-request), so a request's pool share is exact in blocks.
+A request's held slots in one (layer, KV head) split into a start area (the first
+`ceil(protect_first / block_size)` blocks), an evictable area, and a recent area (its `recent` newest
+slots plus the partly filled last block). Only whole, full blocks of the evictable area are evicted.
+Before a forward that would take a (layer, KV head) over its budget, the scheduler asks for the fewest
+blocks that keep it within (`BlockRule.plan`, vectorised over layers and heads), and `choose` picks the
+lowest-scored ones: the policy's own `score()` on its pairs (no copy of any policy), aggregated per block
+over the block's slots, as a sum or as NORM_SUM (each pair's score divided by its lifetime in the cache,
+OpenVINO's default).
+
+Scope: under one budget per request (kv_size, or a per-prompt budget, with a schedule that evicts as a
+request grows) a block's score is also summed over layers and KV heads and the same blocks go from every
+(layer, KV head) (`request` scope, as OpenVINO). With budgets that differ by layer or KV head, or
+schedule=after_prefill (one compression, as the static engine: per head), each (layer, KV head) scores
+and evicts its own blocks (`head` scope). `full` never evicts; `window` (score = position) drops the
+oldest evictable block.
 """
 
 from __future__ import annotations
@@ -25,13 +30,15 @@ BLOCK_SCORES = ("sum", "norm_sum")
 
 @dataclass(frozen=True)
 class BlockRule:
-    """How many slots a request may hold and which of its blocks may go (counts only)."""
+    """When a request evicts, what it keeps, and how many of its blocks go (counts only)."""
 
     block_size: int
-    kv_size: int | None = None  # None: never evict
+    kv_size: int | None = None  # one budget for every request (None: per prompt, or no eviction)
     start_blocks: int = 0
-    recent: int = 0  # slots
+    recent: int = 0  # slots, under kv_size (per-prompt budgets: the policy's recent_pairs of each budget)
     in_prefill: bool = True  # evict while the prompt is being computed (prefill_and_decode)
+    evicts: bool = False
+    once: bool = False  # after_prefill: one compression, to exactly the budget, when the prompt is computed
 
     @classmethod
     def of(cls, policy: Policy, block_size: int) -> BlockRule:
@@ -43,47 +50,82 @@ class BlockRule:
             start_blocks=-(-policy.protect_first // block_size),
             recent=policy.protect_recent or 0,
             in_prefill=policy.evicts_in_prefill,
+            evicts=True,
+            once=policy.once,
         )
 
-    def min_kv_size(self) -> int:
-        """The smallest kv_size that always leaves room for one new token after evicting."""
-        return self.start_blocks * self.block_size + self.recent + self.block_size
+    def min_kv_size(self, recent: int | None = None) -> int:
+        """The smallest budget that always leaves room for one new token after evicting."""
+        r = self.recent if recent is None else recent
+        return self.start_blocks * self.block_size + r + self.block_size
 
-    def applies(self, n_computed: int, prompt_len: int) -> bool:
-        return self.kv_size is not None and (self.in_prefill or n_computed >= prompt_len)
+    def applies(self, req) -> bool:
+        """Whether the request evicts before its next chunk."""
+        if not self.evicts or req.budget is None:
+            return False
+        if self.once:
+            return not req.compressed and req.num_computed >= len(req.prompt)
+        return self.in_prefill or req.num_computed >= len(req.prompt)
 
-    def evictable(self, n_slots: int) -> range:
-        """Logical block indices of the evictable area for a request holding n_slots."""
-        end = (n_slots - self.recent) // self.block_size  # full blocks entirely older than the recent area
+    def evictable_end(self, held: torch.Tensor, recent: torch.Tensor) -> torch.Tensor:
+        """(L, H) end of the evictable area (logical blocks [start_blocks, end)): full blocks older than the
+        recent area."""
+        return torch.clamp((held - recent) // self.block_size, min=self.start_blocks)
+
+    def evictable(self, n_slots: int, recent: int | None = None) -> range:
+        """Logical block indices of the evictable area for one (layer, KV head) holding n_slots."""
+        r = self.recent if recent is None else recent
+        end = (n_slots - r) // self.block_size
         return range(self.start_blocks, max(self.start_blocks, end))
 
-    def plan(self, n_slots: int, k: int) -> tuple[int, int]:
-        """(tokens it may feed, blocks to evict first) for a request holding n_slots that wants k."""
-        assert self.kv_size is not None
-        floor = n_slots - len(self.evictable(n_slots)) * self.block_size
-        k = max(0, min(k, self.kv_size - floor))
-        over = n_slots + k - self.kv_size
-        return k, max(0, -(-over // self.block_size))
+    def plan(self, held: torch.Tensor, recent: torch.Tensor, budget: torch.Tensor, k: int) -> tuple[int, torch.Tensor]:
+        """(tokens it may feed, (L, H) blocks each (layer, KV head) evicts first) for a request holding `held`
+        (L, H) that wants k: the fewest whole blocks that keep every (layer, KV head) within its budget."""
+        bs = self.block_size
+        n_evictable = self.evictable_end(held, recent) - self.start_blocks  # (L, H)
+        if self.once:  # to exactly the budget (in whole blocks: at most it), then every token is kept
+            return k, torch.minimum(torch.clamp(-(-(held - budget) // bs), min=0), n_evictable)
+        floor = held - n_evictable * bs
+        k = max(0, min(k, int((budget - floor).min())))
+        return k, torch.clamp(-(-(held + k - budget) // bs), min=0)
 
 
-def block_scores(policy: Policy, stats: ScoreStats, block_size: int, mode: str = "sum") -> torch.Tensor:
-    """(n_blocks,) score of each full block from the policy's pair scores (stats of one request, N slots)."""
+def block_scores(policy: Policy, stats: ScoreStats, block_size: int, mode: str = "sum",
+                 per_head: bool = False) -> torch.Tensor:
+    """Score of each full block from the policy's pair scores (stats of one request, N slots): (n_blocks,)
+    summed over layers and KV heads, or with `per_head` (L, H_kv, n_blocks)."""
     s = policy.score(stats).float()  # (L, 1, H, N)
     s = s.expand(stats.pos.shape)
     if mode == "norm_sum":
         life = (stats.last + 1 - stats.pos).clamp(min=1).float()
         s = s / life
+    nb = s.shape[-1] // block_size
+    if per_head:
+        return s[:, 0, :, : nb * block_size].unflatten(-1, (nb, block_size)).sum(-1)  # (L, H, nb)
     per_slot = s.sum(dim=(0, 1, 2))  # (N,)
-    nb = per_slot.shape[0] // block_size
     return per_slot[: nb * block_size].view(nb, block_size).sum(-1)
 
 
+def choose(scores: torch.Tensor, start: int, end: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """(L, H, nb) bool: the n[l, h] lowest-scored blocks of (l, h) among [start, end[l, h]); on equal scores
+    the older block goes first. `scores`: (nb,) (the same blocks in every head) or (L, H, nb)."""
+    nb = scores.shape[-1]
+    j = torch.arange(nb)
+    cand = (j >= start) & (j < end[..., None])  # (L, H, nb)
+    s = scores.expand(cand.shape).masked_fill(~cand, float("inf"))
+    order = torch.sort(s, dim=-1, stable=True).indices
+    rank = torch.empty_like(order).scatter_(-1, order, j.expand(cand.shape).contiguous())
+    return (rank < n[..., None]) & cand
+
+
+def oldest(start: int, end: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """(L, H, nb) bool: the n[l, h] oldest evictable blocks (no scores)."""
+    nb = int(end.max()) if end.numel() else 0
+    j = torch.arange(nb)
+    return (j >= start) & (j < start + n[..., None]) & (j < end[..., None])
+
+
 def choose_blocks(scores: torch.Tensor, candidates: range, n: int) -> list[int]:
-    """The n lowest-scored candidate blocks; on equal scores the older block goes first."""
-    idx = torch.tensor(list(candidates), dtype=torch.long)
-    order = torch.sort(scores[idx], stable=True).indices[:n]
-    return sorted(idx[order].tolist())
-
-
-def oldest_blocks(candidates: range, n: int) -> list[int]:
-    return list(candidates)[:n]
+    """The n lowest-scored candidate blocks of one table ((nb,) scores); on equal scores the older goes first."""
+    got = choose(scores, candidates.start, torch.tensor([[candidates.stop]]), torch.tensor([[n]]))
+    return got[0, 0].nonzero().flatten().tolist()

@@ -3,14 +3,21 @@
 The token sequence is prompt + output. `num_computed` tokens of it have their KV computed since
 the request was (re)admitted; the next forward feeds `seq[num_computed : num_computed + k]`, and a
 chunk that reaches the end of the sequence yields the next token (prefill and decode are the same
-rule; after a preemption the output so far is recomputed as if it were prompt). `n_slots` KV pairs
-are held: logical slot s lives in physical block `blocks[s // block_size]`, offset `s % block_size`;
-eviction removes whole blocks from the table, so `n_slots <= num_computed`.
+rule; after a preemption the output so far is recomputed as if it were prompt).
+
+Its KV lives in pages, each `block_size` slots of one (layer, KV head), so each (layer, KV head) has
+its own block table and count: `held[l, h]` pairs, logical slot s of (l, h) in page
+`pages[l, h, s // block_size]`, offset `s % block_size`. Every written token goes to every (l, h);
+eviction removes whole pages from a table (which close up), so `held <= num_computed`, and heads with
+smaller budgets hold fewer pages. `budget[l, h]`: the pairs (l, h) may hold (None: never evicts),
+set at admission from the request's own prompt (kvbench.serve.budgets).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import torch
 
 
 @dataclass
@@ -21,14 +28,17 @@ class Request:
     arrival: float = 0.0  # seconds on the engine's clock
     output: list[int] = field(default_factory=list)
     num_computed: int = 0  # tokens of prompt + output whose KV was computed since (re)admission
-    n_slots: int = 0  # KV pairs held (<= num_computed after evictions)
-    blocks: list[int] = field(default_factory=list)  # block table: logical block -> physical block id
+    pages: torch.Tensor | None = None  # (L, H, W) page ids; entries past a head's blocks are stale
+    held: torch.Tensor | None = None  # (L, H) KV pairs each (layer, KV head) holds (<= num_computed)
+    budget: torch.Tensor | None = None  # (L, H) pairs each (layer, KV head) may hold; None: no eviction
+    recent: torch.Tensor | None = None  # (L, H) newest pairs never evicted (the policy's recent area)
+    compressed: bool = False  # schedule=after_prefill: the one compression has happened
     finished: bool = False
     first_token_at: float | None = None
     finished_at: float | None = None
     preemptions: int = 0
     recomputed_tokens: int = 0  # computed tokens thrown away by preemptions
-    evicted_blocks: int = 0
+    evicted_blocks: int = 0  # pages evicted, in blocks (a block: one page in every layer and KV head)
 
     @property
     def seq_len(self) -> int:
@@ -43,6 +53,11 @@ class Request:
     def in_prefill(self) -> bool:
         """Still computing the prompt (the decode_only schedule does not evict yet)."""
         return self.num_computed < len(self.prompt)
+
+    @property
+    def n_slots(self) -> int:
+        """The most pairs any (layer, KV head) holds (all hold the same under one budget per request)."""
+        return 0 if self.held is None else int(self.held.max())
 
     def tokens(self, k: int) -> list[int]:
         """The next k tokens to feed."""

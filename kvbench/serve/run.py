@@ -19,6 +19,7 @@ from kvbench.errors import ConfigError
 from kvbench.models.geometry import model_geometry
 from kvbench.scoring import predictions
 from kvbench.serve import metrics
+from kvbench.serve.budgets import RequestBudgets
 from kvbench.serve.engine import serve
 from kvbench.serve.pool import PagedPool
 from kvbench.serve.workload import build_requests
@@ -45,12 +46,13 @@ def extensions(cfg: DictConfig, policy) -> list[str]:
     s = cfg.serve
     ext = [f"serve(block_size={s.block_size}, max_tokens_per_step={s.max_tokens_per_step})"]
     if policy.evicts:
-        ext += [
-            f"serve_block_eviction(block_score={s.block_score}): whole blocks, the same blocks in every layer and "
-            "KV head (the static engine evicts per head)",
-            "serve_evicts_fewest_blocks: evict_every is not used; a request evicts the fewest blocks that keep it "
-            "within kv_size",
-        ]
+        ext.append(f"serve_block_eviction(block_score={s.block_score}): whole blocks, " + (
+            "each layer and KV head its own (pages owned per layer and KV head, as the static engine evicts per head)"
+            if RequestBudgets(policy, (1, 1)).per_head else
+            "the same blocks in every layer and KV head (the static engine evicts per head)"))
+        ext.append("serve_evicts_fewest_blocks: evict_every is not used; " + (
+            "the prompt is compressed once, when its prefill ends, to at most its budget in whole blocks"
+            if policy.once else "a request evicts the fewest blocks that keep it within its budget"))
         if policy.protect_first % s.block_size:
             ext.append(f"serve_protect_first_rounded_up_to_blocks({policy.protect_first})")
     if s.eviction != "policy":
@@ -77,15 +79,16 @@ def execute(cfg: DictConfig, record: dict, lm, policy, task, samples, ids, budge
             preemptions=r.preemptions, evicted_blocks=r.evicted_blocks,
         )
     summary = metrics.summarise(out, num_blocks, s.block_size, s.slo_ttft_s, s.slo_tpot_s)
-    kv_block = out.kv_block_bytes
+    got = [r.budget for r in reqs if r.budget is not None]  # each request's (L, H) budgets
     record.update(
         status="ok",
         mode="serve",
         attention=out.attention,
         batch_size=None,
         evict_every=None,
-        kv_budget={"by": "kv_size", "min": policy.kv_size, "max": policy.kv_size, "per_layer": False}
-        if policy.evicts else None,
+        kv_budget={"by": policy.per_prompt or "kv_size", "min": min(int(b.min()) for b in got),
+                   "max": max(int(b.max()) for b in got), "per_layer": any(bool((b != b[:1]).any()) for b in got)}
+        if got else None,
         metrics=task_metrics,
         output_tokens=lengths,
         throughput_tok_s=summary["output_tok_s"],
@@ -93,7 +96,7 @@ def execute(cfg: DictConfig, record: dict, lm, policy, task, samples, ids, budge
         decode_s=None,
         prefill_s=None,
         generated_tokens=summary["output_tokens"],
-        peak_kv_bytes=max((u for _, u, _, _ in out.timeline), default=0) * kv_block,
+        peak_kv_bytes=out.peak_kv_bytes,
         serve=summary,
     )
     record["extensions"] = record.get("extensions", []) + extensions(cfg, policy)
@@ -107,22 +110,22 @@ def execute(cfg: DictConfig, record: dict, lm, policy, task, samples, ids, budge
 def execute_limits(cfg: DictConfig, record: dict, lm, policy, task, samples, ids, budget=None) -> list[dict]:
     """mode=serve_limits: OpenVINO's two limit checks (kvbench.serve.limits) on the task's prompt lengths,
     for this pool, policy and schedule; no model is loaded (`lm`, `samples` and `ids` are None)."""
-    from kvbench.preflight import prompt_lengths
+    from kvbench.preflight import model_config, prompt_lengths
     from kvbench.serve.evict import BlockRule
-    from kvbench.serve.limits import Pool, fewest_sequences_to_fill, longest_generation
+    from kvbench.serve.limits import Pool, fewest_sequences_to_fill, limits_shape, longest_generation
 
     s = cfg.serve
     lengths = prompt_lengths(cfg)
     rule = BlockRule.of(policy, s.block_size)
-    pool = Pool(s.num_blocks, s.block_size, s.max_tokens_per_step, s.max_running)
+    pool = Pool(s.num_blocks, s.block_size, s.max_tokens_per_step, s.max_running, limits_shape(policy, lambda: getattr(model_config(cfg), "num_hidden_layers", 1)))
     record.update(
         status="ok", mode="serve_limits", batch_size=None, evict_every=None,
         prompts={"n": len(lengths), "tokens_min": min(lengths), "tokens_max": max(lengths),
                  "tokens_mean": round(sum(lengths) / len(lengths), 1)},
         serve_limits={
             "num_blocks": s.num_blocks, "block_size": s.block_size,
-            "longest_generation": longest_generation(max(lengths), rule, pool, s.limit_cap),
-            "fewest_sequences_to_fill": fewest_sequences_to_fill(lengths, cfg.gen.max_new_tokens, rule, pool),
+            "longest_generation": longest_generation(max(lengths), rule, pool, s.limit_cap, policy),
+            "fewest_sequences_to_fill": fewest_sequences_to_fill(lengths, cfg.gen.max_new_tokens, rule, pool, policy),
         },
     )
     record["extensions"] = record.get("extensions", []) + extensions(cfg, policy)

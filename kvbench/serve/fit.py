@@ -1,0 +1,76 @@
+"""Whether a pool can ever hold a request, and whether its budget leaves room to run (counts only).
+
+Called before serving (kvbench.serve.engine) and by the preflight, from prompt lengths alone.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvbench.serve.blocks import blocks_for
+from kvbench.serve.evict import BlockRule
+from kvbench.serve.request import Request
+
+
+def max_pages(req: Request, rule: BlockRule, budget: torch.Tensor | None) -> int:
+    """Most pages the request can ever hold alone, over its (layer, KV head)s (`budget` (L, H), None: never
+    evicts); its KV never includes the last output token."""
+    P, bs = len(req.prompt), rule.block_size
+    total = P + req.max_new_tokens - 1
+    if budget is None:
+        return blocks_for(total, bs)
+    if rule.once:  # the whole prompt, then at most the budget and every generated token
+        tokens = torch.maximum(torch.full_like(budget, min(total, P)), budget.clamp(max=P) + req.max_new_tokens - 1)
+    elif rule.in_prefill:
+        tokens = budget.clamp(max=total)
+    else:
+        tokens = (budget.clamp(min=P) + bs).clamp(max=total)
+    return int(blocks_for(tokens, bs).sum())
+
+
+def max_blocks(req: Request, rule: BlockRule, budget: torch.Tensor | None = None) -> int:
+    """Most blocks (one page in every layer and KV head) the request can ever hold alone, rounded up."""
+    if budget is None and rule.kv_size is not None:
+        budget = torch.tensor([[rule.kv_size]])
+    pages = max_pages(req, rule, budget)
+    per = 1 if budget is None else budget.numel()
+    return -(-pages // per)
+
+
+def too_small(req: Request, rule: BlockRule, num_blocks: int, budget: torch.Tensor | None = None) -> str:
+    """Why a pool of `num_blocks` can never hold `req` (one line)."""
+    return (f"a pool of {num_blocks} blocks of {rule.block_size} tokens can never hold request {req.rid} "
+            f"({len(req.prompt)} prompt tokens + {req.max_new_tokens} new): alone it needs {max_blocks(req, rule, budget)} "
+            "blocks under this policy and schedule")
+
+
+def stuck(req: Request, rule: BlockRule, budget: torch.Tensor | None, recent: torch.Tensor | None) -> str | None:
+    """Why the request could never feed a token within its budget (too small for the protected areas), or None."""
+    if budget is None or rule.once:
+        return None
+    need = rule.start_blocks * rule.block_size + recent + rule.block_size  # (L, H)
+    if bool((budget >= need).all()):
+        return None
+    return (f"request {req.rid}'s budget ({int(budget.min())} pairs, from its {len(req.prompt)}-token prompt) is below "
+            f"the protected start and recent areas plus one block ({int(need.max())}): it could never feed a token")
+
+
+def check_requests(cfg, policy, lengths: list[int], layers) -> None:
+    """Before any model loads: every request (one per prompt length) has a budget it can run within and, with a
+    fixed pool (`serve.num_blocks`; mode=serve), fits the pool alone (`layers()`: the model's layer count, read
+    only under per-layer budgets). Raises ConfigError (one line)."""
+    from kvbench.errors import ConfigError
+    from kvbench.serve.budgets import RequestBudgets
+    from kvbench.serve.limits import limits_shape
+
+    s = cfg.serve
+    rule = BlockRule.of(policy, s.block_size)
+    budgets = RequestBudgets(policy, limits_shape(policy, layers))
+    for i, n in enumerate(lengths):
+        req = Request(rid=i, prompt=[0] * n, max_new_tokens=cfg.gen.max_new_tokens)
+        budget, recent = budgets(req)
+        if (why := stuck(req, rule, budget, recent)) is not None:
+            key = policy.per_prompt or "kv_size"
+            raise ConfigError(f"policy.{key}", why, getattr(policy, key))
+        if cfg.mode == "serve" and s.num_blocks is not None and max_blocks(req, rule, budget) > s.num_blocks:
+            raise ConfigError("serve.num_blocks", too_small(req, rule, s.num_blocks, budget), s.num_blocks)

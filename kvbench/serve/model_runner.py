@@ -1,0 +1,129 @@
+"""The model runner: one forward over the scheduled chunks, greedy next tokens. It only runs.
+
+Owns the paged pool (and, for SnapKV-like policies, each request's query window). `step(scheduled)`
+writes the chunk positions into the pool, runs the model on the packed tokens with explicit
+`position_ids` (true positions: after an eviction the kept keys keep their RoPE and new queries their real
+position), keeps logits only for the requests whose chunk reaches the end of their sequence, and returns
+their greedy next tokens. `evictor` scores a request's blocks for eviction from the pool's statistics with
+the policy's `score()` (kvbench.serve.evict: the same blocks everywhere, or each (layer, KV head) its own).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvbench.cache.rotate import rotate
+from kvbench.errors import ConfigError
+from kvbench.models.family import kinds
+from kvbench.models.geometry import model_geometry, rope_inv_freq
+from kvbench.policies.base import Policy
+from kvbench.serve.attention import backend as attention_backend
+from kvbench.serve.evict import block_scores, choose
+from kvbench.serve.layout import Layout
+from kvbench.serve.pool import PagedPool
+from kvbench.serve.queries import QueryWindows
+from kvbench.serve.request import Request
+from kvbench.serve.scheduler import Scheduled
+from kvbench.serve.scoring import request_stats
+
+
+class ModelRunner:
+    def __init__(self, model, num_blocks: int, block_size: int, policy: Policy, block_score: str = "sum",
+                 rotate: bool = False, per_head: bool = False):
+        geo = model_geometry(model)
+        k = kinds(model.config)
+        if not k.plain:  # kvbench.preflight refuses it first on the command line
+            raise ConfigError("mode", f"serve mode runs full attention only; model family {k.family!r} has "
+                              f"{k.describe()} (run it with mode=run)", "serve")
+        devices = set(geo["layer_devices"])
+        if len(devices) != 1:
+            raise ValueError("serve mode runs on one device (the model is split across several)")
+        self.model, self.policy, self.block_score, self.per_head = model, policy, block_score, per_head
+        self.start_blocks = -(-policy.protect_first // block_size) if policy.evicts else 0
+        self.device = model.get_input_embeddings().weight.device
+        self.inv_freq = rope_inv_freq(model).detach().float().cpu() if rotate else None
+        L, H = len(geo["layer_devices"]), geo["num_kv_heads"]
+        self.shape = (L, H)
+        self.pool = PagedPool(
+            num_layers=L, num_blocks=num_blocks, block_size=block_size, num_kv_heads=H, head_dim=geo["head_dim"],
+            dtype=geo["dtype"], device=self.device, track_attention=policy.needs_attention, rerotate=rotate,
+        )
+        self.windows = QueryWindows(policy.query_window, L, model.config.num_attention_heads, geo["head_dim"],
+                                    geo["dtype"], self.device) if policy.evicts and policy.query_window else None
+        self.attention = attention_backend(self.device, geo["dtype"], policy.needs_attention, block_size)
+
+    @torch.inference_mode()
+    def step(self, scheduled: list[Scheduled]) -> dict[int, int]:
+        """Run one forward; returns {request id: next token} for requests that completed their sequence."""
+        reqs = [s.req for s in scheduled]
+        k = [s.num_tokens for s in scheduled]
+        lay = Layout.build(self.pool.block_size, [r.pages for r in reqs], [r.held for r in reqs], k,
+                           [r.num_computed for r in reqs], self.device, rotary=self.inv_freq is not None)
+        lay.attention = self.attention
+        self.pool.pos[lay.write] = lay.source[None, :, None].expand(lay.write.shape)
+        if self.pool.rot is not None:  # the rotary position each key is written at: its slot
+            self.pool.rot[lay.write] = lay.positions[0][None, :, None].expand(lay.write.shape)
+        if self.windows is not None:
+            self.windows.prepare([r.rid for r in reqs], [r.num_computed for r in reqs], k,
+                                 [r.num_computed == 0 for r in reqs])
+            lay.windows = self.windows
+        ids = torch.tensor([t for r, n in zip(reqs, k, strict=True) for t in r.tokens(n)], dtype=torch.long)
+        done = [i for i, (r, n) in enumerate(zip(reqs, k, strict=True)) if r.num_computed + n == r.seq_len]
+        out = {}
+        kw = dict(
+            input_ids=ids[None].to(self.device), position_ids=lay.positions, use_cache=False,
+            kvbench_pool=self.pool, kvbench_layout=lay,
+        )
+        if done:
+            keep = lay.last[torch.tensor(done, device=self.device)]
+            logits = self.model(**kw, logits_to_keep=keep).logits[0]  # (len(done), V)
+            nxt = logits.argmax(-1).tolist()
+            out = {reqs[i].rid: t for i, t in zip(done, nxt, strict=True)}
+        else:  # prefill chunks only: no logits
+            self.model.get_decoder()(**kw)
+        return out
+
+    def forget(self, req: Request) -> None:
+        """The request finished or was preempted: its query window goes."""
+        if self.windows is not None:
+            self.windows.forget(req.rid)
+
+    @torch.inference_mode()
+    def rerotate(self, req: Request) -> None:
+        """After `req` lost blocks: every kept key of it, in every layer, afresh from its written copy, rotated
+        from the slot it was written at to the logical slot it holds now (cache rotation, no compounding)."""
+        slots, _ = self.pool.slots(req.pages, req.held)  # (L, H, N): one count everywhere (rerotate's rule)
+        slots = slots.to(self.device)
+        delta = torch.arange(slots.shape[-1], device=self.device) - self.pool.rot[slots]  # (L, H, N)
+        self.pool.k[slots] = rotate(self.pool.k_src[slots], delta, self.inv_freq)  # (L, H, N, D)
+
+    @torch.inference_mode()
+    def evictor(self, req: Request, end: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        """(L, H, nb) bool: the n[l, h] lowest-scored evictable blocks of each (layer, KV head) of `req` (its
+        policy's pair scores, aggregated per block; summed over layers and heads unless `per_head`)."""
+        parts = request_stats(self.pool, self.windows, req, self.policy, self.device)
+        if len(parts) == 1:
+            scores = block_scores(self.policy, parts[0], self.pool.block_size, self.block_score, self.per_head)
+        else:  # heads hold different counts: one layer at a time
+            scores = torch.cat([block_scores(self.policy, st, self.pool.block_size, self.block_score, True)
+                                for st in parts])
+        return choose(scores.cpu(), self.start_blocks, end, n)
+
+    @torch.inference_mode()
+    def reallocate(self, req: Request) -> None:
+        """head_budget=adaptive, when `req` compresses: each layer's pairs split across its KV heads by the policy's
+        scores (AdaKV's rule, kvbench.budgets.adakv), the protected start and recent areas counted first."""
+        from kvbench.budgets.adakv import head_counts
+
+        held = req.held.to(self.device)  # (L, H): every head holds the whole prompt (nothing evicted yet)
+        budget = torch.minimum(req.budget[:, 0].to(self.device), held[:, 0])  # (L,) pairs per head on average
+        if bool((budget >= held[:, 0]).all()):
+            return
+        (stats,) = request_stats(self.pool, self.windows, req, self.policy, self.device)
+        s = self.policy.score(stats).float().expand(stats.pos.shape)[:, 0].clone()  # (L, H, N)
+        N = s.shape[-1]
+        j = torch.arange(N, device=self.device)
+        protected = (j < self.start_blocks * self.pool.block_size) | (j >= N - req.recent.to(self.device)[..., None])
+        s.masked_fill_(protected, float("inf"))
+        counts = head_counts(s[None], budget, self.policy.head_floor)[0]  # (L, H): layers as the samples' axis
+        req.budget = counts.cpu()
