@@ -279,8 +279,8 @@ def test_cuda_sdpa_with_gqa_and_a_mask_expands_kv_and_is_charged(tiny_llama, mon
     assert masked and not any(gqa for _, gqa, _ in masked) and all(same for _, _, same in masked)
     s = memory.ModelShape.of(tiny_llama.model)
     B, T, N = 4, 1, 4000  # the attention phase is the largest with or without the copies
-    cuda = memory._forward_bytes(s, B, T, N, 40, False, False, 64, cpu=False)
-    mha = memory._forward_bytes(dataclasses.replace(s, kv_heads=s.q_heads), B, T, N, 40, False, False, 64,
+    cuda = memory.forward_bytes(s, B, T, N, 40, False, False, 64, cpu=False)
+    mha = memory.forward_bytes(dataclasses.replace(s, kv_heads=s.q_heads), B, T, N, 40, False, False, 64,
                                 cpu=False)
     assert cuda - mha == 2 * B * s.q_heads * N * s.head_dim * s.elem
 

@@ -1,0 +1,205 @@
+"""The accounted peak of a batch: replay its schedule on counts, charge the largest term per device.
+
+Pure: a `ModelShape`, the prompts' lengths, a policy and the generation settings in; an `Account` out.
+Nothing is allocated and no model is needed, so the same account admits a batch before it runs
+(`kvbench.memory.limit`), predicts the batch-size search and plans capacity without weights.
+
+The account, per device, for a batch of B samples (e = bytes of the model dtype; h hidden size,
+I MLP width, V vocabulary, Hq / H query / KV heads, D head dim, L layers on the device):
+
+    peak = weights + KV cache + the largest transient
+    weights     parameters and buffers as loaded (exact)
+    KV cache    the preallocated cache, exact: `KVCache.nbytes_for` (K, V, positions, statistics), per
+                group of layers (`kvbench.cache.storage.form_groups`: per-layer budgets give each layer its own
+                capacity; sliding-window layers hold W - 1 + the widest forward, their trims replayed like
+                evictions)
+    transient   the largest of (`kvbench.memory.terms`)
+      forward of T tokens over N keys (every forward of the batch, replayed on counts, EOS ignored):
+          4·B·T·h·e hidden states (embeddings output, layer input, residual, normed input)
+        + 2·B·T·D·e RoPE cos/sin + B·T·N mask (bool) + B·(s + 4·T)·8 token ids and positions
+        + the largest of: MLP 3·B·T·I·e (4 with Phi-3's fused gate_up);
+                          RoPE 4·B·T·Hq·D·e (+ Phi-3's fused qkv output in every attention phase);
+                          SDPA 2·B·T·Hq·D·e + B·T·N·e (mask as float) + kernel workspace (CPU: the
+                          flash kernel's per-thread blocks; CUDA: the logsumexp B·Hq·T·4) + on CUDA
+                          with GQA, K/V expanded per query head 2·B·Hq·N·D·e (no fused kernel takes
+                          GQA and a mask; charged for every forward, masked or not: an upper bound);
+                          scores (scored policies) 2·B·T·Hq·D·e + B·Hq·t·(N·a + D·e) + O(B·H·N),
+                          a = max(4, e), t = min(T, 2·score_chunk) (a chunk's scores are computed
+                          while the previous chunk's are alive);
+                          (those two are `attention="sdpa"`, the default; "flash" drops the float
+                          mask; the other backends replace both:)
+                          eager B·T·Hq·D·e + repeat_kv 2·B·Hq·N·D·e (GQA) + S·c, S = B·Hq·T·N,
+                          c = 8 (float32), 8 (half: logits and softmax's float32 output; the CPU kernel
+                          and CUDA's float16 one upcast as they read; 10 for bfloat16 on CUDA, assumed
+                          to copy its input to float32, not measured), 20 (float64);
+                          or the output, its transposed copy and the query, 3·B·T·Hq·D·e;
+                          fused 2·B·T·Hq·D·e + B·Hq·min(T, score_chunk)·N·2a + B·min(T, chunk)·N + O(B·H·N)
+                          (models with sinks or soft-capping, which always run it: N + 1 keys, 3a);
+                          logits B·V·e + B·T·h·e (logits_to_keep=1)
+      eviction of b of the B rows over N pairs (+ the padded prompts B·s·8, alive between forwards):
+          L·b·H·N·21 bytes (scores, sort values and int64
+          indices, masks) + the K/V gather of `gather_layers` layers at a time: b = B gathers the
+          kept pairs, gather_layers·B·H·keep·D·e; b < B first copies its rows out,
+          gather_layers·b·H·(N + keep)·D·e + L·b·H·N·(4 + 8 if scored)
+          + with policy.rerotate, the rotation of the kept keys from their written copies (`k_src`,
+          `kvbench.cache.rotate.from_written`), in a = max(4, e) bytes:
+          gather_layers·b·H·keep·(D·(4·a + (a if e < a) + e) + 8) (cos, sin, rotate_half, the product,
+          the keys upcast, the result; the int64 angles' positions), + their copy when b < B,
+          once the gathers are done (the larger of the two phases)
+          + the keys' copy L·b·H·N·D·e for a policy that reads keys, and of its W kept queries
+          L·b·Hq·W·D·e for a policy with a query window (b < B only)
+          + the larger of (the scores, sort and gather above) and (the policy's own score computation,
+          `Policy.score_bytes`, e.g. SnapKV's window logits, + its result)
+      decode_only resize: the kv_size-slot cache, built while the prompt-sized one is alive
+Per-sample budgets (kv_ratio) and per-layer ones (PyramidKV) are replayed group by group: a forward's
+N is the largest group's, its masks are one per group (B·T·N_g each), an eviction of a group is charged
+with that group's layers, and keep is the largest kept count of its rows (the gather's width).
+Each device of a `device_map` split is charged the whole transient (an upper bound). Layers offloaded by
+accelerate (their parameters on `meta`, in CPU RAM or on disk between forwards) are charged to the device
+they compute on (their hook's execution device): their weights are no device's, and that device's
+transient includes the largest offloaded layer's weights (brought in for its forward). Not counted:
+Python objects, allocator fragmentation and caching, the CUDA context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvbench.attention import BACKENDS, resolve
+from kvbench.budgets import rules
+from kvbench.cache import form_groups, layer_capacities
+from kvbench.memory.shape import ModelShape
+from kvbench.memory.terms import cache_bytes, evict_bytes, forward_bytes, trim_bytes
+from kvbench.models.family import effective_windows
+from kvbench.schedule import prefill_chunks, rows_to_evict
+
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Accounted peak bytes of one batch on one device."""
+
+    weights: int
+    kv_cache: int
+    transient: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.transient
+
+
+@dataclass(frozen=True)
+class Account:
+    """Accounted peak of one batch, per device (keys like "cpu", "cuda:0")."""
+
+    devices: dict[str, Footprint]
+
+    @property
+    def total(self) -> int:
+        return sum(f.total for f in self.devices.values())
+
+    def per_device(self) -> dict[str, int]:
+        return {d: f.total for d, f in self.devices.items()}
+
+    def describe(self, device: str) -> str:
+        f = self.devices[device]
+        return (
+            f"{f.total / GiB:.3f} GiB (weights {f.weights / GiB:.3f} + KV cache {f.kv_cache / GiB:.3f}"
+            f" + transient {f.transient / GiB:.3f})"
+        )
+
+
+def replay(lengths: list[int], policy, max_new_tokens: int, prefill_chunk: int | None, groups: list[tuple],
+           full_budgets: torch.Tensor | None, heads: int | None = None):
+    """Replay the engine's schedule on counts only (EOS ignored: the worst case), group by group of layers.
+
+    groups: `kvbench.cache.storage.form_groups`'s list of (device, layers, capacity, budget row (B,), window);
+    full_budgets: the (L_full, B) budgets of the compressed layers; heads: the KV heads (per-head budgets keep at
+    most the largest head's slots). Returns the forwards {(width T, each group's
+    keys N, makes logits)} and the evictions {(group index, keys N, rows, most kept)}.
+    """
+    B = len(lengths)
+    chunks = prefill_chunks(lengths, policy, prefill_chunk, full_budgets)  # each (B,): real tokens per forward
+    one = torch.ones(B, dtype=torch.long, device="cpu")
+    steps = [(r, True, k == len(chunks) - 1) for k, r in enumerate(chunks)] + [(one, False, True)] * (max_new_tokens - 1)
+    ns = [torch.zeros(B, dtype=torch.long, device="cpu") for _ in groups]  # pairs held per sample, per group
+    forwards, evictions = set(), set()
+    for i, (r, prefill, logits) in enumerate(steps):
+        for gi, (_, _, cap, budget, window) in enumerate(groups):
+            if window is not None:  # kvbench.cache.evict.trim_windows: keep the newest W - 1 pairs by slicing
+                rows = (ns[gi] + r > cap) & (r > 0)
+                if bool(rows.any()):
+                    evictions.add((gi, int(ns[gi][rows].max()), int(rows.sum()), window - 1))
+                    ns[gi] = torch.where(rows, window - 1, ns[gi])
+                continue
+            rows = rows_to_evict(ns[gi], r, policy, prefill, budget, first_decode=i == len(chunks))
+            if rows is not None:
+                keep = torch.minimum(rules.head_slots(policy, policy.keep(budget), heads), ns[gi])  # the largest head
+                evictions.add((gi, int(ns[gi][rows].max()), int(rows.sum()), int(keep[rows].max())))
+                ns[gi] = torch.where(rows, keep, ns[gi])
+        ns = [n + r for n in ns]
+        forwards.add((int(r.max()), tuple(int(n.max()) for n in ns), logits))
+    return forwards, evictions
+
+
+def account(
+    model_or_shape,
+    lengths: list[int],
+    policy,
+    *,
+    max_new_tokens: int,
+    prefill_chunk: int | None = None,
+    score_chunk: int = 64,
+    attention: str = "sdpa",
+) -> Account:
+    """The accounted peak of one batch of prompts with these token `lengths` (module docstring).
+
+    `attention`: the backend the batch runs with (sdpa | flash | eager | fused, or auto: resolved per
+    device like `kvbench.attention.resolve`); its attention transient is charged.
+    """
+    s = model_or_shape if isinstance(model_or_shape, ModelShape) else ModelShape.of(model_or_shape)
+    if attention not in BACKENDS:
+        raise ValueError(f"attention must be one of {', '.join(BACKENDS)}: {attention!r}")
+    B, longest = len(lengths), max(lengths)
+    layer_devices = [dev for dev, L in s.layers.items() for _ in range(L)]
+    windows = effective_windows(list(s.windows) or [None] * len(layer_devices), longest + max_new_tokens)
+    budgets = policy.budgets(lengths, len(layer_devices))  # (L, B) or None
+    full = [w is None for w in windows]
+    full_budgets = None if budgets is None or not any(full) else budgets[full]
+    widest = max(int(r.max()) for r in prefill_chunks(lengths, policy, prefill_chunk, full_budgets))
+    caps = layer_capacities(policy.capacities(lengths, max_new_tokens, budgets, s.kv_heads), windows, lengths,
+                            max_new_tokens, widest)
+    groups = form_groups(layer_devices, caps, budgets, windows)
+    if budgets is None:  # the full cache: one row of "never" budgets
+        groups = [(d, ls, c, torch.full((B,), c, dtype=torch.long, device="cpu"), w) for d, ls, c, _, w in groups]
+    scored = policy.needs_attention
+    forwards, evictions = replay(lengths, policy, max_new_tokens, prefill_chunk, groups, full_budgets, s.kv_heads)
+    devices = {}
+    for dev in s.layers:
+        mine = [gi for gi, g in enumerate(groups) if str(g[0]) == dev]
+        backend = resolve(attention, device_type=dev.split(":")[0], dtype=s.dtype, needs_attention=scored,
+                          manual=s.manual)
+        transients = [  # the device's layers attend over their groups' keys; one mask per group lives on
+            forward_bytes(s, B, T, max(keys[gi] for gi in mine), longest, scored, logits, score_chunk, dev == "cpu",
+                          backend, mask_keys=sum(keys[gi] for gi in mine))
+            for T, keys, logits in forwards
+        ]
+        transients += [(evict_bytes(s, len(groups[gi][1]), B, N, rows, keep, policy) if groups[gi][4] is None
+                        else trim_bytes(s, len(groups[gi][1]), rows, keep)) + B * longest * 8
+                       for gi, N, rows, keep in evictions if gi in mine]  # + the padded prompts (int64), alive throughout
+        for gi in mine:  # a compressed prompt: the smaller copy of a resize, built while the prompt-sized one lives
+            _, layers, cap, row, window = groups[gi]
+            if window is not None:
+                continue
+            need = policy.decode_capacity(int(row.max()), max_new_tokens, s.kv_heads)
+            if policy.evicts and cap > need and any(e[0] == gi for e in evictions):
+                transients.append(cache_bytes(s, B, len(layers), need, policy))
+        kv = sum(cache_bytes(s, B, len(groups[gi][1]), groups[gi][2], policy, groups[gi][4]) for gi in mine)
+        onload = s.onload.get(dev, 0)  # an offloaded layer's weights, brought here for its forward (accelerate)
+        devices[dev] = Footprint(weights=s.weights.get(dev, 0), kv_cache=kv, transient=max(transients) + onload)
+    for dev, w in s.weights.items():  # devices with weights but no decoder layer (e.g. the lm_head's)
+        devices.setdefault(dev, Footprint(weights=w, kv_cache=0, transient=0))
+    return Account(devices)

@@ -1,0 +1,78 @@
+"""Model introspection for the account: the few numbers of a loaded model the memory account needs.
+
+`ModelShape.of(model)` reads the configuration through the family's adapter (heads, head size, sliding
+windows, sinks or soft-capping) and the parameters where they live (bytes per device, decoder layers per
+device, accelerate's offloaded layers). It is the only part of kvbench.memory that looks at a model; the
+account (`kvbench.memory.accounting`) is arithmetic on this shape, which is why the capacity planner can take it
+from a model built on the meta device (no weights) and place its layers itself (`kvbench.plan.placed_shape`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from kvbench.models.family import kinds
+from kvbench.models.geometry import layer_device
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The model numbers the account needs."""
+
+    hidden: int
+    intermediate: int
+    vocab: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    mlp_buffers: int  # (B, T, I) tensors alive in the MLP
+    fused_qkv: bool  # Phi-3: q, k, v are views of one projection, alive through the attention
+    weights: dict[str, int]  # bytes per device
+    layers: dict[str, int]  # decoder layers per device (where they compute: accelerate's execution device)
+    windows: tuple = ()  # per decoder layer: its sliding window W, None for full attention (() : none windowed)
+    manual: bool = False  # learned sinks or logit soft-capping: the fused (or eager) attention, never SDPA / flash
+    onload: dict[str, int] = field(default_factory=dict)  # the largest offloaded layer's weights per device
+
+    @property
+    def elem(self) -> int:
+        """Bytes per element of the model dtype (e in the account's formulas)."""
+        return torch.empty((), dtype=self.dtype, device="cpu").element_size()
+
+    @classmethod
+    def of(cls, model) -> ModelShape:
+        """The shape of a loaded model (a refused family raises ConfigError through its adapter)."""
+        cfg = model.config
+        k = kinds(cfg)  # the family's adapter: heads, head size, windows (a refused family raises ConfigError)
+        decoder_layers = model.get_decoder().layers
+        weights: dict[str, int] = {}
+        dispatched = getattr(model, "hf_device_map", None) is not None  # accelerate: meta = offloaded (CPU RAM, disk)
+        for t in [*model.parameters(), *model.buffers()]:  # tied weights are yielded once
+            if not (dispatched and t.device.type == "meta"):  # offloaded weights are no device's
+                weights[str(t.device)] = weights.get(str(t.device), 0) + t.numel() * t.element_size()
+        layers: dict[str, int] = {}
+        onload: dict[str, int] = {}
+        for layer in decoder_layers:
+            d = str(layer_device(layer))
+            layers[d] = layers.get(d, 0) + 1
+            if dispatched and d != "meta":  # an offloaded layer's weights, on its device for its forward
+                off = sum(p.numel() * p.element_size() for p in layer.parameters() if p.device.type == "meta")
+                onload[d] = max(onload.get(d, 0), off)
+        return cls(
+            hidden=cfg.hidden_size,
+            intermediate=cfg.intermediate_size,
+            vocab=cfg.vocab_size,
+            q_heads=k.q_heads,
+            kv_heads=k.kv_heads,
+            head_dim=k.head_dim,
+            dtype=model.dtype,
+            mlp_buffers=4 if hasattr(decoder_layers[0].mlp, "gate_up_proj") else 3,
+            fused_qkv=hasattr(decoder_layers[0].self_attn, "qkv_proj"),
+            weights=weights,
+            layers=layers,
+            windows=k.windows,
+            manual=k.sinks or k.softcap is not None,
+            onload={d: b for d, b in onload.items() if b},
+        )

@@ -1,0 +1,111 @@
+"""The account's terms: transient bytes of one forward, one eviction, one window trim, and a cache's bytes.
+
+Pure arithmetic on a `ModelShape` and counts (no tensor is allocated), each term following the code path
+kvbench runs (transformers' Llama / Phi-3 layers, `kvbench.attention`'s backends, `kvbench.cache`'s eviction);
+`kvbench.memory.accounting` replays a batch's schedule and takes the largest of them. The formulas are in
+that module's docstring; tests/test_memory.py checks them against the tensor bytes allocated on CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvbench.budgets import adakv
+from kvbench.cache import KVCache
+from kvbench.memory.shape import ModelShape
+
+HIDDEN_BUFFERS = 4  # (B, T, h) tensors alive through a decoder layer
+ID_BUFFERS = 4  # (B, T) int64 tensors of a forward's bookkeeping
+ROPE_BUFFERS = 4  # query-sized tensors alive while RoPE rotates the queries
+EVICT_BYTES = 21  # per (layer, sample, head, pair) in an eviction: score 4, sort values 4 + indices 8, masks
+ROTATE_ACC = 4  # re-rotation: cos, sin, rotate_half and the product, per key element, in float32 (float64 models: float64)
+GATHER_LAYERS = KVCache.__init__.__kwdefaults__["gather_layers"]  # the engine builds caches with the default
+
+
+def cpu_sdpa_workspace(T: int, N: int, D: int, e: int) -> int:
+    """Per-thread blocks of PyTorch's CPU flash-attention kernel (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp)."""
+    q_split = min(T, 256 if T >= 768 else 64 if T >= 192 else 32)
+    kv_split = min(N, 512)
+    accum = q_split * kv_split + 2 * q_split + q_split * D  # float32 scores, max, sum, output accumulator
+    reduced = q_split * kv_split * e if e < 4 else 0  # half types keep a copy of the scores
+    return torch.get_num_threads() * (accum * 4 + reduced)
+
+
+def forward_bytes(
+    s: ModelShape, B: int, T: int, N: int, longest: int, scored: bool, logits: bool, chunk: int, cpu: bool,
+    attention: str = "sdpa", mask_keys: int | None = None,
+) -> int:
+    """Transient bytes of one forward over a (B, T) chunk that attends to N keys (`mask_keys`: the sum of
+    every group's N, one mask each; default N). `attention`: the backend really used (already resolved)."""
+    e, h, D, Hq = s.elem, s.hidden, s.head_dim, s.q_heads
+    q = B * T * Hq * D * e  # one query-sized tensor
+    ids = B * (longest + ID_BUFFERS * T) * 8  # the padded prompts, the chunk's ids, slots, positions
+    base = ids + HIDDEN_BUFFERS * B * T * h * e + 2 * B * T * D * e + B * T * (N if mask_keys is None else mask_keys)
+    qkv = B * T * (Hq + 2 * s.kv_heads) * D * e if s.fused_qkv else 0
+    phases = [s.mlp_buffers * B * T * s.intermediate * e, qkv + ROPE_BUFFERS * q]
+    stats = 3 * B * s.kv_heads * N * max(4, e)  # w_sum, w_last and a reduction of them
+    if attention == "eager":  # kvbench.attention.eager: transformers' eager path, nothing chunked
+        S = B * Hq * T * N  # elements of the (B, Hq, T, N) probabilities
+        # softmax's float32 copy of its input: none in float32, none where the kernel upcasts as it reads
+        # (CPU, measured for bfloat16; CUDA float16), a copy otherwise (CUDA bfloat16: not measured)
+        conv = 0 if e == 4 or cpu or s.dtype == torch.float16 else 4
+        probs = max(2 * e, e + conv + 4, (2 * e + 4) if e != 4 else 0) * S  # logits + scaled / masked / softmax / cast
+        rep = 2 * B * Hq * N * D * e if Hq != s.kv_heads else 0  # repeat_kv's copies of K and V
+        phases.append(qkv + q + rep + max(probs, S * e + q + (stats if scored else 0)))
+        phases.append(qkv + 3 * q)  # the output, its transposed copy and the query
+    elif attention == "fused":  # kvbench.attention.fused (scored policies; models with sinks or soft-capping)
+        a = max(4, e)
+        tc = min(T, chunk)
+        # logits + probabilities (float32, one more column for a sink; soft-capping's tanh a third), the mask's inverse
+        chunk_bytes = (B * Hq * tc * (N + 1) * 3 * a if s.manual else B * Hq * tc * N * 2 * a) + B * tc * N
+        phases.append(qkv + 2 * q + chunk_bytes + (stats if scored else 0))
+    else:
+        workspace = cpu_sdpa_workspace(T, N, D, e) if cpu else B * Hq * T * 4  # CUDA: the logsumexp
+        mask = B * T * N * e if attention != "flash" else 0  # SDPA's float copy of the bool mask
+        # CUDA SDPA, GQA with a mask: kvbench.attention.sdpa expands K/V per query head (no fused kernel has both)
+        rep = 2 * B * Hq * N * D * e if not cpu and attention != "flash" and Hq != s.kv_heads else 0
+        phases.append(qkv + 2 * q + mask + workspace + rep)
+        if scored:  # kvbench.attention.stats.attention_stats: one in-place score buffer per chunk of queries
+            a = max(4, e)
+            alive = min(T, 2 * chunk)  # queries whose scores are alive: a chunk's, while the last one's still are
+            scores = B * Hq * alive * (N * a + D * e) + B * min(T, chunk) * N + stats
+            phases.append(qkv + 2 * q + scores)
+    if logits:
+        phases.append(B * s.vocab * e + B * T * h * e)
+    return base + max(phases)
+
+
+def evict_bytes(s: ModelShape, L: int, B: int, N: int, rows: int, keep: int, policy) -> int:
+    """Transient bytes of one eviction of `rows` of the B samples, L layers, from N pairs down to `keep`."""
+    scored = policy.needs_attention
+    if rows == B:  # every row: the statistics are sliced in place and K/V gather only the kept pairs
+        copies, gathered = 0, B * keep
+    else:  # a subset: its positions (+ statistics) and its N pairs are copied out first
+        copies, gathered = 4 + (8 if scored else 0), rows * (N + keep)
+    gather = min(GATHER_LAYERS, L) * s.kv_heads * gathered * s.head_dim * s.elem  # gather_layers at a time
+    if policy.rerotate:  # kvbench.cache.rotate.from_written on the kept keys: cos, sin, rotate_half, product (acc dtype)
+        e, a = s.elem, max(4, s.elem)
+        per_key = s.head_dim * (ROTATE_ACC * a + (a if e < a else 0) + e + (e if rows < B else 0)) + 8
+        gather = max(gather, min(GATHER_LAYERS, L) * s.kv_heads * rows * keep * per_key)  # after the gathers
+    keys = L * rows * s.kv_heads * N * s.head_dim * s.elem if policy.needs_keys and rows < B else 0
+    keys += L * rows * s.q_heads * policy.query_window * s.head_dim * s.elem if rows < B else 0  # kept queries
+    own = policy.score_bytes(layers=L, rows=rows, kv_heads=s.kv_heads, q_heads=s.q_heads, pairs=N,
+                             head_dim=s.head_dim, elem=s.elem)  # freed before the sort and the gather start
+    pairs = L * rows * s.kv_heads * N
+    heads = pairs * (8 + adakv.TRANSIENT_BYTES) if policy.head_budget == "adaptive" else 0  # AdaKV's counts
+    return pairs * copies + keys + max(pairs * EVICT_BYTES + gather, pairs * 4 + own, heads)
+
+
+def trim_bytes(s: ModelShape, L: int, rows: int, keep: int) -> int:
+    """Transient bytes of a windowed group's trim (`kvbench.cache.evict.keep_newest`): the newest `keep` slots of
+    the rows, copied out `gather_layers` layers at a time (K, V) and for every layer at once (positions)."""
+    return min(GATHER_LAYERS, L) * rows * s.kv_heads * keep * s.head_dim * s.elem + L * rows * s.kv_heads * keep * 4
+
+
+def cache_bytes(s: ModelShape, B: int, L: int, slots: int, policy, window: int | None = None) -> int:
+    """Bytes of a preallocated cache group of L layers and `slots` slots per sample (`KVCache.nbytes_for`)."""
+    return KVCache.nbytes_for(
+        batch_size=B, num_layers=L, num_kv_heads=s.kv_heads, head_dim=s.head_dim, capacity=slots, dtype=s.dtype,
+        track_attention=policy.needs_attention, num_q_heads=s.q_heads, query_window=policy.query_window,
+        rerotate=policy.rerotate and policy.evicts, window=window,
+    )
