@@ -1,0 +1,5 @@
+"""`python -m kvbench.gpu_check`: the same as the console script `kvbench-gpu-check`."""
+
+from kvbench.gpu_check.cli import entry
+
+entry()
