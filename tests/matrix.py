@@ -3,8 +3,8 @@
 Axes (`AXES`): every registered policy (PyramidKV is the per-layer budget kind), `policy.schedule` (the three),
 the budget kind (`kv_size`, `kv_ratio` or kvpress's `compression_ratio`), `mode` (run, serve, serve_limits), `serve.eviction` (policy, openvino),
 `gen.attention`, `policy.rerotate`, the model (tiny Llama with GQA, tiny Phi-3 without), the batch (1, or
-3 prompts of different lengths, left-padded) and the model's dtype (float32, bfloat16). A point of the
-product is a `Combo`.
+3 prompts of different lengths, left-padded), the model's dtype (float32, bfloat16) and `policy.head_budget`
+(uniform, or AdaKV's adaptive split of a layer's budget over its KV heads). A point of the product is a `Combo`.
 
 For each combination exactly one outcome is allowed, and `refusal` says which, from the documented
 rules alone (docs: "What is refused, and why"):
@@ -45,6 +45,7 @@ AXES = {
     "model": ("tiny-llama", "tiny-phi3"),
     "batch": (1, 3),
     "dtype": ("float32", "bfloat16"),
+    "head_budget": ("uniform", "adaptive"),
 }
 KV_SIZE, KV_RATIO, COMPRESSION_RATIO, EVICT_EVERY, NEW_TOKENS, SAMPLES, WINDOW = 48, 0.5, 0.75, 8, 6, 3, 16
 QUESTIONS = (  # GSM8K-style rows of different lengths: prompts of 161, 214 and 273 tokens on the byte tokenizer
@@ -96,6 +97,7 @@ class Combo:
     model: str
     batch: int
     dtype: str
+    head_budget: str = "uniform"
 
     @property
     def id(self) -> str:
@@ -121,6 +123,8 @@ class Combo:
             out.append(f"policy.evict_every={EVICT_EVERY}")
         if "window" in OWN_KEYS.get(self.policy, ()):  # snapkv, pyramidkv
             out.append(f"policy.window={WINDOW}")  # the published 64 is more than these budgets hold
+        if self.head_budget != "uniform":
+            out.append(f"policy.head_budget={self.head_budget}")
         return out
 
     @property
@@ -156,6 +160,15 @@ def violations(c: Combo) -> list[tuple[str, ...]]:
             out.append(("policy.schedule",))
         if c.policy == "h2o" and per_prompt:
             out.append((f"policy.{c.budget}",))
+    if c.head_budget == "adaptive":
+        if c.policy in ("full", "window", "streaming_llm", "extreme_decode"):
+            out.append(("policy.head_budget",))  # no score to split a layer's budget by (full: no budget)
+        if c.schedule != "after_prefill":
+            out.append(("policy.head_budget",))  # AdaKV's protocol: the heads' counts chosen once, after prefill
+        if c.rerotate:
+            out.append(("policy.head_budget",))  # heads of different counts: no shared rotary positions
+        if c.mode == "serve_limits":
+            out.append(("policy.head_budget",))  # the split needs attention scores, which serve_limits never computes
     if c.serving:
         if c.batch != 1:
             out.append(("batch_size",))  # the scheduler batches
@@ -210,13 +223,14 @@ def expected_extensions(c: Combo) -> tuple[list[str], list[str]]:
     departure from the published method, and nothing that was not applied."""
     need, never = [], []
     if not c.evicts:
-        return [], ["rerotate", "kv_ratio", "serve_block", "gqa", "GQA", "published"]
+        return [], ["rerotate", "kv_ratio", "serve_block", "gqa", "GQA", "published", "head_budget"]
     if c.policy == "streaming_llm":
         (never if c.rerotate else need).append("source positions kept")
         never.append("rerotate:")
     else:
         (need if c.rerotate else never).append("rerotate")
     (need if c.budget == "kv_ratio" else never).append("kv_ratio=")
+    (need if c.head_budget == "adaptive" else never).append("head_budget=adaptive")
     (need if c.budget == "compression_ratio" else never).append("compression_ratio=")
     (need if c.serving else never).append("serve_block_eviction")
     (need if c.preset else never).append("serve.eviction=openvino")

@@ -1,7 +1,7 @@
 """Every accepted configuration runs to a true record; every other is refused before the model loads.
 
 The combinations come from tests/matrix.py: all pairs of the documented options (a seeded pairwise
-cover, about 60 combinations) in the default run, the whole product with KVBENCH_MATRIX=full
+cover, about 100 combinations) in the default run, the whole product with KVBENCH_MATRIX=full
 (`make test-matrix`, outside CI). Each runs on tiny random models over a 3-row GSM8K mirror whose
 prompts differ in length (161-273 tokens: a batch of 3 is left-padded), 6 new tokens, EOS ignored.
 

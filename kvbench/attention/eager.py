@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kvbench.attention.masks import keep_mask, repeat_kv
+from kvbench.attention.masks import keep_mask, query_heads, repeat_kv
 from kvbench.attention.stats import stats_from_probs
 
 
@@ -32,7 +32,7 @@ def eager_attention(query, key, value, step, scaling, track: bool, sinks=None, s
     w = torch.matmul(query, key_states.transpose(2, 3)) * scaling  # (B, Hq, T, N) model dtype
     if softcap is not None:  # Gemma 2's eager_attention_forward
         w = torch.tanh(w / softcap) * softcap
-    keep = keep_mask(step, T, N, query.device)
+    keep = query_heads(keep_mask(step, T, N, query.device), Hq)  # (B or 1, 1 or Hq, T, N) or None
     if keep is not None:  # transformers adds a (B, 1, T, N) mask of 0 / dtype-min: the same values
         w = torch.where(keep, w, torch.finfo(w.dtype).min)
     if sinks is not None:  # gpt-oss's eager_attention_forward: the sink as one more logit, softmax in the model dtype

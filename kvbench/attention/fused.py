@@ -31,7 +31,7 @@ def fused_attention(query, key, value, step, scaling, chunk: int, track: bool = 
     acc = torch.promote_types(query.dtype, torch.float32)
     kt = key.transpose(-1, -2)  # (B, H, D, N), a view
     out = torch.empty(B, T, Hq, D, dtype=query.dtype, device=query.device)  # what the layer wants
-    keep = keep_mask(step, T, N, query.device)  # (B or 1, 1, T, N) or None
+    keep = keep_mask(step, T, N, query.device)  # (B or 1, 1 or H_kv, T, N) or None: broadcast over each group
     w_sum = torch.zeros(B, H, N, dtype=acc, device=query.device) if track else None
     w_last = None
     sink = None if sinks is None else sinks.to(acc).view(1, H, G, 1, 1)

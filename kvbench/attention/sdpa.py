@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-from kvbench.attention.masks import repeat_kv
+from kvbench.attention.masks import query_heads, repeat_kv
 
 EXPAND_GQA_DEVICES = {"cuda"}  # device types whose SDPA has no fused kernel for GQA with a mask (tests may add cpu)
 
@@ -22,9 +22,10 @@ def sdpa_attention(query, key, value, step, scaling):
     AND materialises the (B, Hq, T, N) probabilities. K/V are expanded here instead (2·B·Hq·N·D·e, what
     kvbench.memory charges), so the memory-efficient kernel runs with the mask."""
     gqa = query.shape[1] != key.shape[1]
-    if gqa and step.mask is not None and query.device.type in EXPAND_GQA_DEVICES:
+    mask = query_heads(step.mask, query.shape[1])  # (B or 1, 1 or Hq, T, N) or None
+    if gqa and mask is not None and query.device.type in EXPAND_GQA_DEVICES:
         groups = query.shape[1] // key.shape[1]
         key, value, gqa = repeat_kv(key, groups), repeat_kv(value, groups), False  # (B, Hq, N, D)
     return F.scaled_dot_product_attention(
-        query, key, value, attn_mask=step.mask, is_causal=step.causal, scale=scaling, enable_gqa=gqa,
+        query, key, value, attn_mask=mask, is_causal=step.causal, scale=scaling, enable_gqa=gqa,
     )  # (B, Hq, T, D)

@@ -43,7 +43,7 @@ def attention_stats(query, key, step, scaling: float, chunk: int) -> tuple[torch
             s = s.to(acc)
         s4 = s.view(B, H, G, tc, N)
         if step.mask is not None:
-            s4.masked_fill_(~step.mask[:, :, None, t0:t1], float("-inf"))  # mask (B, 1, T, N)
+            s4.masked_fill_(~step.mask[:, :, None, t0:t1], float("-inf"))  # mask (B, 1 or H_kv, T, N)
         elif step.causal:
             qpos = torch.arange(t0, t1, device=query.device)[:, None]
             s4.masked_fill_(torch.arange(N, device=query.device)[None, :] > qpos, float("-inf"))

@@ -71,9 +71,11 @@ def generate(
     geometry = model_geometry(model)
     shape = memory.ModelShape.of(model)
     backend = resolve_backend(attention, model, policy.needs_attention)
-    if policy.head_budget == "adaptive":  # per-(sample, KV head) masks reach the attention kernels next
-        raise ConfigError("policy.head_budget", "adaptive head budgets are not wired to the attention kernels yet",
-                          policy.head_budget)
+    if policy.head_budget == "adaptive" and backend == "flash":  # flash-attn takes no mask per KV head
+        if attention != "auto":
+            raise ConfigError("gen.attention", "flash takes no per-head mask: adaptive head budgets run with sdpa, "
+                              "eager or fused", attention)
+        backend = "sdpa"
     out = GenerationOutput(token_ids=[], prompt_tokens=[len(x) for x in ids], attention=backend)
     qs = list(question_tokens) if question_tokens is not None else [0] * len(ids)
     batches = [(ids[s : s + batch_size], qs[s : s + batch_size]) for s in range(0, len(ids), batch_size)]
