@@ -79,7 +79,9 @@ def execute(cfg: DictConfig, record: dict, lm, policy, task, samples, ids, budge
             preemptions=r.preemptions, evicted_blocks=r.evicted_blocks,
         )
     summary = metrics.summarise(out, num_blocks, s.block_size, s.slo_ttft_s, s.slo_tpot_s)
-    got = [r.budget for r in reqs if r.budget is not None]  # each request's (L, H) budgets
+    # each request's layer budgets (L,): the mean over its KV heads (adaptive head budgets move pairs between the
+    # heads of a layer, never between layers), as the static engine reports a (layer, sample)'s budget
+    got = [r.budget.float().mean(1) for r in reqs if r.budget is not None]
     record.update(
         status="ok",
         mode="serve",
