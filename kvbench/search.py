@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 
 from kvbench import engine, memory
 from kvbench.attention import resolve_backend
-from kvbench.config import search_candidates
+from kvbench.config.candidates import search_candidates
 
 log = logging.getLogger("kvbench")
 
