@@ -39,7 +39,7 @@ from hydra import compose, initialize_config_dir
 from kvbench import attention as static_attention
 from kvbench import cli, runner
 from kvbench.cache import KVCache
-from kvbench.config import CONF_DIR, validate
+from kvbench.config import CONF_DIR, prepare
 from kvbench.engine import _Batch
 from kvbench.results import read_jsonl, read_records
 from kvbench.serve import attention as paged_attention
@@ -332,7 +332,7 @@ def test_a_sweep_over_the_policies_applies_each_key_where_it_is_used(name, tmp_p
     _, jobs = cli.compose_jobs(args)  # the sweep composes (the preflight's first step)
     assert len(jobs) == len(policies)
     for policy, (_, cfg, ignored) in zip(policies, jobs, strict=True):
-        validate(cfg)  # and every job is accepted
+        prepare(cfg)  # and every job is accepted
         own = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "policy" / f"{policy}.yaml"))
         want = {**own, **{k: v for k, v in keys.items() if uses(policy, k)}}
         assert OmegaConf.to_container(cfg.policy) == want, policy

@@ -21,6 +21,7 @@ from kvbench.config.checks import check_config, prepare, validate
 from kvbench.config.groups import build_policy, build_task, drop_inapplicable, policy_defaults, policy_key_use
 from kvbench.config.identity import NON_IDENTITY, config_hash, device_kind, identity, record_hash
 from kvbench.config.presets import H2O_DEFAULTS, SERVE_PRESETS, apply_presets, preset_refusal, with_presets
+from kvbench.config.prompts import prompt_token_lengths
 from kvbench.config.schema import (
     CONF_DIR,
     MODES,
@@ -43,6 +44,6 @@ __all__ = [
     "SERVE_PRESETS", "DataConfig", "GenConfig", "MemoryConfig", "OutputConfig", "PlanConfig", "ReproduceConfig",
     "RootConfig", "SearchConfig", "ServeConfig", "apply_presets", "build_policy", "build_task", "check_config",
     "config_hash", "device_kind", "drop_inapplicable", "identity", "policy_defaults", "policy_key_use",
-    "prepare", "preset_refusal", "record_hash", "register_schema", "search_candidates", "validate",
+    "prepare", "preset_refusal", "prompt_token_lengths", "record_hash", "register_schema", "search_candidates", "validate",
     "with_presets",
 ]
