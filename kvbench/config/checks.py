@@ -4,9 +4,9 @@ A bad value, or values that do not fit together, must end a command with one lin
 exit code 2 before any model loads (kvbench.cli). `check_config(cfg)` raises the first ConfigError, in a fixed
 order (the refusal of a config with several faults is part of the behaviour tests replay): the run's own
 keys (mode, batch size, gen.*, data.dir, memory.*, search.*), serve.* (kvbench.config.serve_checks), plan.*,
-then the policy and task built from their nodes (their dataclasses' own checks), the task's data rows, and
-last what the model needs installed. It judges cfg as it will run, with its presets applied, but on a copy:
-it never changes cfg (a test compares a deep copy before and after).
+then the policy and task built from their nodes (their dataclasses' own checks), task.query_aware, the
+task's data rows, and last what the model needs installed. It judges cfg as it will run, with its presets
+applied, but on a copy: it never changes cfg (a test compares a deep copy before and after).
 
 `prepare(cfg)` is what a command runs on a composed config before using it: `apply_presets` (changes cfg,
 so the record shows what ran), then `check_config`. What else a run needs (the model's files, the prompts,

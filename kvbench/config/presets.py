@@ -1,6 +1,6 @@
 """Presets: one config value that sets several others, applied to the config itself so a record shows what ran.
 
-Today there is one kind, `serve.eviction=<preset>` (mode=serve): OpenVINO GenAI's cache eviction defaults, a
+Today there is one kind, `serve.eviction=<preset>` (the serve modes): OpenVINO GenAI's cache eviction defaults, a
 start area of 32 tokens, an evictable area of 512 and a recent area of 128, NORM_SUM of accumulated attention,
 eviction once the prompt is processed. It needs policy=h2o (accumulated attention) with the keys it sets at
 h2o's own defaults (or already at the preset's values: applying is idempotent).

@@ -1,8 +1,9 @@
 """The prompts' lengths in tokens, from the model's tokenizer alone (no weights): what every check and plan
 that depends on prompt length reads before a model loads.
 
-`prompt_token_lengths(task, tokenizer)` is the one computation: each sample the task gives the model,
-rendered as the run renders it (`task.encode`, the model's chat template), counted. The preflight
+`prompt_token_lengths(task, tokenizer)` is the one computation: each sample's prompt as the task renders it
+for this tokenizer (`task.samples`: its chat template where the task uses one), tokenized as the run
+tokenizes it (`task.encode`), counted. The preflight
 (`prompt_lengths(cfg)`, cached per model, task and data for the process: a sweep renders each task once) and
 kvbench-plan (with its loader's weight-free tokenizer) both use it, so a plan and a run count alike.
 """

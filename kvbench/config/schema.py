@@ -90,7 +90,7 @@ class ServeConfig:
     max_running: int | None = None  # most requests running at once; null: as many as the pool admits
     rate: float | None = None  # Poisson arrivals, requests/s (seeded by `seed`); null: all at time 0
     block_score: str = "sum"  # sum | norm_sum (OpenVINO's NORM_SUM: each pair's score / its lifetime)
-    eviction: str = "policy"  # policy: as configured | openvino: OpenVINO GenAI's preset (SERVE_PRESETS), policy=h2o
+    eviction: str = "policy"  # policy: as configured | openvino: OpenVINO GenAI's preset (kvbench.config.presets), policy=h2o
     slo_ttft_s: float = 5.0  # goodput's objectives: time to first token and time per output token (seconds)
     slo_tpot_s: float = 0.5
     limit_cap: int = 16384  # mode=serve_limits: the longest generation tried (eviction makes it unbounded)
