@@ -1,13 +1,14 @@
 """A run's configuration: its schema, presets, checks, identity, and the preflight, before any model loads.
 
-One idea per module (imports go one way: schema <- groups, candidates, presets <- checks; identity and
+One idea per module (imports go one way: schema <- groups, candidates, presets <- checks; run_identity and
 prompts beside them; preflight last):
 - `schema`: the structured config (`RootConfig`, registered as `kvbench_schema`), CONF_DIR, the modes;
 - `groups`: the policy and task nodes instantiated, and which policy keys a policy uses;
 - `candidates`: the batch sizes the max-batch search may try;
 - `presets`: values that set other values (`serve.eviction`); `apply_presets` is the one that changes a config;
 - `checks` (+ `serve_checks`): `check_config`, every check that needs no model, pure; `prepare` = presets + checks;
-- `identity`: what a run computes, and its `config_hash` (with the rules that keep old records' hashes);
+- `run_identity`: what a run computes (`identity`) and its `config_hash`, with the rules that keep old
+  records' hashes;
 - `prompts`: the prompts' token lengths from the tokenizer alone (`prompt_token_lengths`);
 - `preflight`: what a run needs beyond its config (model files, prompts, pool, results folder); not imported
   here, so `import kvbench.config` stays light: `from kvbench.config.preflight import check_run`.
@@ -19,9 +20,9 @@ single module had.
 from kvbench.config.candidates import DIVISORS_OF_960, search_candidates
 from kvbench.config.checks import check_config, prepare, validate
 from kvbench.config.groups import build_policy, build_task, drop_inapplicable, policy_defaults, policy_key_use
-from kvbench.config.identity import NON_IDENTITY, config_hash, device_kind, identity, record_hash
 from kvbench.config.presets import H2O_DEFAULTS, SERVE_PRESETS, apply_presets, preset_refusal, with_presets
 from kvbench.config.prompts import prompt_token_lengths
+from kvbench.config.run_identity import NON_IDENTITY, config_hash, device_kind, identity, record_hash
 from kvbench.config.schema import (
     CONF_DIR,
     MODES,

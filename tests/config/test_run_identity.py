@@ -1,4 +1,4 @@
-"""kvbench.config.identity: the hash is SHA-1 of the identity's sorted JSON, and the legacy rules leave keys
+"""kvbench.config.run_identity: the hash is SHA-1 of the identity's sorted JSON, and the legacy rules leave keys
 added later out at their neutral values (so records written before them keep their hash).
 
 The expected hashes are computed here with hashlib on literal identities, not by the module."""
@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from kvbench.config.identity import NON_IDENTITY, record_hash
+from kvbench.config.run_identity import NON_IDENTITY, record_hash
 
 
 def _sha(identity: dict) -> str:
