@@ -102,8 +102,9 @@ def preflight(argv: list[str]) -> list[str]:
 
 
 def compose_jobs(argv: list[str]) -> tuple[list[str], list[tuple[list[str], object, list[str]]]]:
-    """The config of every job of a command line (at most MAX_PREFLIGHT_JOBS), and the command line Hydra is to
-    run. In a sweep, each job's policy keys its policy does not use are dropped (`kvbench.config.drop_inapplicable`,
+    """The command line Hydra is to run, and the config of every job of it (at most MAX_PREFLIGHT_JOBS).
+
+    In a sweep, each job's policy keys its policy does not use are dropped (`kvbench.config.drop_inapplicable`,
     as the job's run will): each job is (its overrides, its config, the keys dropped); a `policy.<key>=...` that
     some job's policy has not got is forced in the returned command line (`++policy.<key>=...`), so that Hydra
     composes every job; a policy key no job's policy uses is refused (`check_knobs`)."""
@@ -224,6 +225,7 @@ def quiet_interrupt(entry, prog: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """`kvbench`: the preflight of every job, then the Hydra app. Exit 2: refused; 1: a run failed; 130: Ctrl-C."""
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ["KVBENCH_LAUNCHER_PID"] = str(os.getpid())  # Hydra's run/sweep dirs are per process
     _swept.clear()  # a new command: a new sweep
