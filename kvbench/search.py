@@ -119,7 +119,7 @@ def probe(cfg, lm, policy, ids: list[list[int]], batch_size: int, memory_limit: 
         engine.generate(
             lm.model, lm.tokenizer, prompts, policy, batch_size,
             max_new_tokens=cfg.gen.max_new_tokens, eos_token_ids=lm.eos_token_ids, ignore_eos=True,
-            prefill_chunk=cfg.gen.prefill_chunk, score_chunk=cfg.gen.score_chunk, budget=memory_limit,
+            prefill_chunk=cfg.gen.prefill_chunk, score_chunk=cfg.gen.score_chunk, memory_limit=memory_limit,
             decode_steps=cfg.search.decode_steps, attention=cfg.gen.attention,
         )
     except Exception as e:

@@ -46,8 +46,10 @@ def test_keys_added_later_at_their_neutral_values_are_left_out(extra, same):
 
 
 def test_policy_keys_added_later():
-    pol = {**BASE["policy"], "rerotate": False, "kv_ratio": None, "compression_ratio": None}
+    pol = {**BASE["policy"], "rerotate": False, "kv_ratio": None, "compression_ratio": None,
+           "head_budget": "uniform", "head_floor": 0.2}
     assert record_hash(_record(policy=pol)) == record_hash(_record())
+    assert record_hash(_record(policy={**pol, "head_budget": "adaptive"})) != record_hash(_record())
     assert record_hash(_record(policy={**pol, "rerotate": True})) != record_hash(_record())
     assert record_hash(_record(policy={**pol, "kv_ratio": 0.5})) != record_hash(_record())
 
