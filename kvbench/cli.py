@@ -1,8 +1,9 @@
 """The `kvbench` command (also `python -m kvbench`): Hydra app with a preflight check.
 
 Before Hydra runs anything, `preflight` composes the config of every job the command line asks
-for (each point of a `-m` sweep), validates it and runs `kvbench.preflight.check_run` (the results
-folder, the model's files, the prompts, serve's pool), so a wrong override ends the command with one
+for (each point of a `-m` sweep, at most MAX_PREFLIGHT_JOBS), prepares it (`kvbench.config.prepare`: its
+presets, then every check of the config alone) and runs `kvbench.config.preflight.check_run` (the model's
+files, the prompts, serve's pool, the results folder), so a wrong override ends the command with one
 line naming it and exit code 2, before any model is loaded, with no traceback. Ctrl-C ends it as
 quietly as SIGTERM: one line, exit code 130 (a run in progress records itself as interrupted first).
 """
@@ -78,11 +79,11 @@ def policy_knobs(overrides: list[str]) -> list[str]:
 
 
 def preflight(argv: list[str]) -> list[str]:
-    """Compose and validate every job of the command line; raise on the first bad one. Returns the command
-    line Hydra is to run (`compose_jobs`)."""
-    from kvbench.config import validate
+    """Compose and check every job of the command line; raise on the first bad one (every job's config before
+    any job's run checks). Returns the command line Hydra is to run (`compose_jobs`)."""
+    from kvbench.config import prepare
+    from kvbench.config.preflight import check_run
     from kvbench.errors import ConfigError
-    from kvbench.preflight import check_run
 
     overrides, multirun, config_name, runs = split_argv(argv)
     if any(a in HELP_FLAGS for a in argv):
@@ -94,15 +95,16 @@ def preflight(argv: list[str]) -> list[str]:
     for job, cfg, _ in jobs if runs else []:
         if cfg.search.max_batch and any(o.split("=", 1)[0].lstrip("+~") == "batch_size" for o in job):
             raise ConfigError("batch_size", "conflicts with search.max_batch=true (the search picks the batch size)")
-        validate(cfg)
+        prepare(cfg)
     for _, cfg, _ in jobs if runs else []:  # every job's config first: a refused sweep writes nothing
         check_run(cfg)
     return argv
 
 
 def compose_jobs(argv: list[str]) -> tuple[list[str], list[tuple[list[str], object, list[str]]]]:
-    """The config of every job of a command line (at most MAX_PREFLIGHT_JOBS), and the command line Hydra is to
-    run. In a sweep, each job's policy keys its policy does not use are dropped (`kvbench.config.drop_inapplicable`,
+    """The command line Hydra is to run, and the config of every job of it (at most MAX_PREFLIGHT_JOBS).
+
+    In a sweep, each job's policy keys its policy does not use are dropped (`kvbench.config.drop_inapplicable`,
     as the job's run will): each job is (its overrides, its config, the keys dropped); a `policy.<key>=...` that
     some job's policy has not got is forced in the returned command line (`++policy.<key>=...`), so that Hydra
     composes every job; a policy key no job's policy uses is refused (`check_knobs`)."""
@@ -149,6 +151,7 @@ def check_knobs(knobs: list[str], cfgs: list) -> set[str]:
 
 
 def _hydra_entry() -> None:
+    """The Hydra app on sys.argv: each job runs (`kvbench.runner.run`) and prints its summary line."""
     import hydra
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -222,6 +225,7 @@ def quiet_interrupt(entry, prog: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """`kvbench`: the preflight of every job, then the Hydra app. Exit 2: refused; 1: a run failed; 130: Ctrl-C."""
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ["KVBENCH_LAUNCHER_PID"] = str(os.getpid())  # Hydra's run/sweep dirs are per process
     _swept.clear()  # a new command: a new sweep

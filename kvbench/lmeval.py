@@ -57,7 +57,7 @@ class KVBenchLM(LM):
         super().__init__()
         from hydra import compose, initialize_config_dir
 
-        from kvbench.config import CONF_DIR, build_policy, validate
+        from kvbench.config import CONF_DIR, build_policy, prepare
         from kvbench.runner import load_model
 
         if str(batch_size).startswith("auto"):
@@ -68,7 +68,7 @@ class KVBenchLM(LM):
         args = overrides({"model": model, "policy": policy, **kw})
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="lm_eval"):
             self.cfg = compose("config", overrides=args)
-        validate(self.cfg)
+        prepare(self.cfg)
         self.policy = build_policy(self.cfg)
         self.lm = load_model(self.cfg)
         self.batch_size = int(batch_size)

@@ -1,13 +1,13 @@
-"""search.max_batch=true: the largest batch size that fits the memory budget, found by real probes.
+"""search.max_batch=true: the largest batch size that fits the memory limit, found by real probes.
 
 Doubling over the sorted candidates (the next candidate at least twice the last one that fit), then
 bisection between the last candidate that fit and the first that did not; fitting is assumed
 monotone in the batch size. Each trial is a real probe of the worst case: the b longest prompts of
 the sample set (cycled when b exceeds it), the cache allocated for the full generation length, the
-prefill and `search.decode_steps` decode steps, under the run's budget (accounted on CPU, the real
-cap on CUDA). On CPU, `search.probe=account` decides a trial from the accounted peak alone without
+prefill and `search.decode_steps` decode steps, under the run's memory limit (`memory.budget_gb`: accounted
+on CPU, the real cap on CUDA). On CPU, `search.probe=account` decides a trial from the accounted peak alone without
 running it: the same verdict, minutes faster for long prompts. On CPU a real probe is decided by the
-accounted budget too (the budget admits or refuses each batch from its accounted peak before it
+accounted limit too (the limit admits or refuses each batch from its accounted peak before it
 allocates), so it costs the probe's time and adds no measurement; the result says what decided
 (`decided_by`: "accounted" on CPU, "measured" under a CUDA cap) and how long it took.
 Before every trial memory is released (gc, empty_cache) and its level taken; after an out-of-memory
@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 
 from kvbench import engine, memory
 from kvbench.attention import resolve_backend
-from kvbench.config import search_candidates
+from kvbench.config.candidates import search_candidates
 
 log = logging.getLogger("kvbench")
 
@@ -40,7 +40,7 @@ class Trial:
     peak_mem_bytes: int  # measured on CUDA (max_memory_allocated, all devices), accounted on CPU
     accounted_mem_bytes: int
     leaked_bytes: int = 0  # memory not given back after an oom trial (should stay 0)
-    oom_kind: str | None = None  # an oom trial's kind: "accounted" (CPU budget) or "measured" (an allocator's)
+    oom_kind: str | None = None  # an oom trial's kind: "accounted" (CPU memory limit) or "measured" (an allocator's)
     peak_reserved_bytes: int | None = None  # CUDA: max_memory_reserved, all devices (what the cap limits)
 
 
@@ -49,7 +49,7 @@ class SearchResult:
     max_batch_size: int | None  # None: not even the smallest candidate fits
     first_oom_batch_size: int | None  # None: every candidate up to the largest fits
     trials: list[Trial] = field(default_factory=list)
-    decided_by: str | None = None  # "accounted" (CPU: the accounted budget, either probe) | "measured" (CUDA)
+    decided_by: str | None = None  # "accounted" (CPU: the accounted limit, either probe) | "measured" (CUDA)
     probe: str | None = None  # search.probe
     wall_s: float | None = None  # the search's time
 
@@ -93,8 +93,9 @@ def probe_prompts(ids: list[list[int]], batch_size: int) -> list[list[int]]:
     return [longest[i % len(longest)] for i in range(batch_size)]
 
 
-def probe(cfg, lm, policy, ids: list[list[int]], batch_size: int, budget: memory.Budget | None) -> Trial:
-    """One trial: prefill + `search.decode_steps` decode steps of the worst-case batch."""
+def probe(cfg, lm, policy, ids: list[list[int]], batch_size: int, memory_limit: memory.Budget | None) -> Trial:
+    """One trial: prefill + `search.decode_steps` decode steps of the worst-case batch, under `memory_limit`
+    (kvbench.memory.Budget: accounted on CPU, a cap on CUDA; None: no limit)."""
     prompts = probe_prompts(ids, batch_size)
     acc = memory.account(
         lm.model, [len(x) for x in prompts], policy, max_new_tokens=cfg.gen.max_new_tokens,
@@ -108,8 +109,8 @@ def probe(cfg, lm, policy, ids: list[list[int]], batch_size: int, budget: memory
     status, kind = "ok", None
     if cfg.search.probe == "account":
         try:
-            if budget is not None:
-                budget.admit(acc)
+            if memory_limit is not None:
+                memory_limit.admit(acc)
         except memory.BudgetExceeded:
             status = "oom"
         return Trial(batch_size=batch_size, status=status, peak_mem_bytes=acc.total, accounted_mem_bytes=acc.total,
@@ -118,7 +119,7 @@ def probe(cfg, lm, policy, ids: list[list[int]], batch_size: int, budget: memory
         engine.generate(
             lm.model, lm.tokenizer, prompts, policy, batch_size,
             max_new_tokens=cfg.gen.max_new_tokens, eos_token_ids=lm.eos_token_ids, ignore_eos=True,
-            prefill_chunk=cfg.gen.prefill_chunk, score_chunk=cfg.gen.score_chunk, budget=budget,
+            prefill_chunk=cfg.gen.prefill_chunk, score_chunk=cfg.gen.score_chunk, memory_limit=memory_limit,
             decode_steps=cfg.search.decode_steps, attention=cfg.gen.attention,
         )
     except Exception as e:
@@ -136,10 +137,10 @@ def probe(cfg, lm, policy, ids: list[list[int]], batch_size: int, budget: memory
     return trial
 
 
-def max_batch(cfg, lm, policy, ids: list[list[int]], budget: memory.Budget | None) -> SearchResult:
+def max_batch(cfg, lm, policy, ids: list[list[int]], memory_limit: memory.Budget | None) -> SearchResult:
     """Search `search.candidates` (capped by `search.max` and the sample count) for the largest batch that fits."""
     start = time.perf_counter()
-    result = search(search_candidates(cfg), lambda b: probe(cfg, lm, policy, ids, b, budget))
+    result = search(search_candidates(cfg), lambda b: probe(cfg, lm, policy, ids, b, memory_limit))
     result.decided_by = "measured" if memory.cuda_devices(lm.model) else "accounted"
     result.probe, result.wall_s = cfg.search.probe, round(time.perf_counter() - start, 3)
     return result

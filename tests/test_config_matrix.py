@@ -42,7 +42,7 @@ from kvbench import attention as static_attention
 from kvbench import cli, runner
 from kvbench.cache import KVCache
 from kvbench.conf import load_option
-from kvbench.config import CONF_DIR, validate
+from kvbench.config import CONF_DIR, prepare
 from kvbench.engine import _Batch
 from kvbench.results import read_jsonl, read_records
 from kvbench.serve import attention as paged_attention
@@ -355,7 +355,7 @@ def test_a_sweep_over_the_policies_applies_each_key_where_it_is_used(name, tmp_p
     _, jobs = cli.compose_jobs(args)  # the sweep composes (the preflight's first step)
     assert len(jobs) == len(policies)
     for policy, (_, cfg, ignored) in zip(policies, jobs, strict=True):
-        validate(cfg)  # and every job is accepted
+        prepare(cfg)  # and every job is accepted
         own = OmegaConf.to_container(load_option("policy", policy))
         want = {**own, **{k: v for k, v in keys.items() if uses(policy, k)}}
         assert OmegaConf.to_container(cfg.policy) == want, policy

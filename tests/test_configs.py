@@ -3,7 +3,7 @@
 import pytest
 from hydra import compose, initialize_config_dir
 
-from kvbench.config import CONF_DIR, build_policy, validate
+from kvbench.config import CONF_DIR, build_policy, prepare
 from kvbench.policies import registry
 
 GROUPS = {g: sorted(p.stem for p in (CONF_DIR / g).glob("*.yaml")) for g in ("model", "task", "policy", "logger")}
@@ -22,7 +22,7 @@ def test_every_option_composes(group, option, tmp_path):
 
         overrides.append("data.dir=" + str(write_mirror(tmp_path / "data")))
     cfg = _compose(*overrides)
-    validate(cfg)
+    prepare(cfg)
 
 
 def test_every_policy_has_a_config_and_a_class():

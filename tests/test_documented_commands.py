@@ -155,8 +155,8 @@ def data_dir(tmp_path_factory) -> str:
 @pytest.fixture
 def no_writes_no_hub(monkeypatch):
     """Results folders recorded instead of written; Hub models: no cache check, no tokenizer."""
+    import kvbench.config.preflight as preflight
     import kvbench.models as models
-    import kvbench.preflight as preflight
 
     folders: list[str] = []
     monkeypatch.setattr(preflight, "check_results_dir", folders.append)

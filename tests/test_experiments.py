@@ -9,7 +9,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from kvbench import runner
-from kvbench.config import CONF_DIR, validate
+from kvbench.config import CONF_DIR, prepare
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 PAPER = [e for e in EXPERIMENTS if e.startswith("paper_")]
@@ -76,7 +76,7 @@ def tiny(experiment: str, mirror) -> list[str]:
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_composes_and_validates(experiment):
     cfg = _compose(f"experiment={experiment}")
-    validate(cfg)
+    prepare(cfg)
     assert cfg.experiment_name == experiment
 
 

@@ -380,8 +380,8 @@ def test_length_dependent_rope_is_one_forward_or_refused(prompts, monkeypatch):
 def test_cli_refuses_a_length_dependent_rope_before_loading(extra, fragment, capsys, tmp_path, monkeypatch):
     import transformers
 
-    from kvbench import preflight
     from kvbench.cli import main
+    from kvbench.config import preflight
     from tests.conftest import assert_one_line_exit_2
 
     cfg = _phi3_longrope().model.config

@@ -13,7 +13,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from kvbench import cli, runner
-from kvbench.config import CONF_DIR, build_task, validate
+from kvbench.config import CONF_DIR, build_task, prepare
 from kvbench.errors import ConfigError
 from kvbench.results import read_jsonl, read_records
 from kvbench.tasks import CNNDM, GSM8K, NarrativeQA, data, scoring
@@ -211,7 +211,7 @@ def test_task_configs(name, cls, n_shot, shot_split, tmp_path):
     root = write_mirror(tmp_path)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[f"task={name}", f"data.dir={root}", "task.n_samples=12"])
-    validate(cfg)
+    prepare(cfg)
     task = build_task(cfg)
     assert type(task) is cls and task.name == name and task.data_dir == str(root)
     assert (task.n_shot, task.shot_split, task.split, task.max_input_tokens) == (n_shot, shot_split, "test", 3584)

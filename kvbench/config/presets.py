@@ -1,0 +1,73 @@
+"""Presets: one config value that sets several others, applied to the config itself so a record shows what ran.
+
+Today there is one kind, `serve.eviction=<preset>` (the serve modes): OpenVINO GenAI's cache eviction defaults, a
+start area of 32 tokens, an evictable area of 512 and a recent area of 128, NORM_SUM of accumulated attention,
+eviction once the prompt is processed. It needs policy=h2o (accumulated attention) with the keys it sets at
+h2o's own defaults (or already at the preset's values: applying is idempotent).
+
+Two functions, so that only one of them changes a config:
+- `preset_refusal(cfg)` (pure): the ConfigError a preset that cannot apply gives, or None;
+- `apply_presets(cfg)` (mutates cfg, returns nothing): sets the keys of a preset that applies; one that
+  cannot apply is left alone, for kvbench.config.checks to refuse in its turn (so a config with several
+  faults is refused by the same first line whether or not its presets were applied first).
+`with_presets(cfg)` is the pure way to see a config as it will run: a copy with its presets applied.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from omegaconf import DictConfig
+
+from kvbench.config.schema import SERVE_MODES
+from kvbench.errors import ConfigError
+
+# serve.eviction presets: the policy keys and serve keys each sets
+SERVE_PRESETS = {"openvino": {"policy": {"kv_size": 32 + 512 + 128, "protect_first": 32, "protect_recent": 128,
+                                         "schedule": "decode_only"}, "serve": {"block_score": "norm_sum"}}}
+# policy=h2o's defaults (conf/policy/h2o.yaml) and serve.block_score's, for the keys a preset may set
+H2O_DEFAULTS = {"kv_size": 256, "protect_first": 0, "protect_recent": None, "schedule": "decode_only",
+                "block_score": "sum", "kv_ratio": None}
+
+
+def preset_refusal(cfg: DictConfig) -> ConfigError | None:
+    """Why `serve.eviction`'s preset cannot apply to cfg (None: it can, or there is none). Never changes cfg;
+    an unknown `serve.eviction` is refused by the checks, not here."""
+    name = cfg.serve.eviction
+    if name == "policy" or name not in SERVE_PRESETS:
+        return None
+    if cfg.mode not in SERVE_MODES:
+        return ConfigError("serve.eviction", "is a serving-mode preset: use it with mode=serve", name)
+    if not str(cfg.policy.get("_target_", "")).endswith(".H2O"):
+        return ConfigError("serve.eviction", f"{name} scores by accumulated attention: use it with policy=h2o", name)
+    for group, values in SERVE_PRESETS[name].items():
+        for key, value in values.items():
+            now = cfg[group].get(key)
+            if now != value and now != H2O_DEFAULTS.get(key):
+                return ConfigError(f"{group}.{key}", f"is set by serve.eviction={name} (to {value}): leave it at "
+                                   "policy=h2o's default", now)
+    for key in ("kv_ratio", "compression_ratio"):
+        if cfg.policy.get(key) is not None:
+            return ConfigError(f"policy.{key}", f"serve.eviction={name} sets kv_size", cfg.policy[key])
+    return None
+
+
+def apply_presets(cfg: DictConfig) -> None:
+    """Set, in place, the keys `serve.eviction`'s preset names, when it applies (`preset_refusal` is None);
+    otherwise leave cfg unchanged. Idempotent."""
+    name = cfg.serve.eviction
+    if name not in SERVE_PRESETS or preset_refusal(cfg) is not None:
+        return
+    for group, values in SERVE_PRESETS[name].items():
+        for key, value in values.items():
+            cfg[group][key] = value
+
+
+def with_presets(cfg: DictConfig) -> DictConfig:
+    """cfg as it will run: a copy with its presets applied, or cfg itself when none applies (never changed)."""
+    name = cfg.serve.eviction
+    if name not in SERVE_PRESETS or preset_refusal(cfg) is not None:
+        return cfg
+    out = copy.deepcopy(cfg)
+    apply_presets(out)
+    return out
