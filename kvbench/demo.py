@@ -13,7 +13,7 @@ import sys
 from hydra import compose, initialize_config_dir
 
 from kvbench.config import CONF_DIR
-from kvbench.runner import run
+from kvbench.run import run
 
 POLICIES = [
     ["policy=full"],
