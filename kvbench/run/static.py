@@ -53,7 +53,7 @@ def execute(
         prefill_chunk=cfg.gen.prefill_chunk,
         score_chunk=cfg.gen.score_chunk,
         progress=True,
-        budget=memory_limit,  # engine.generate's memory limit (its keyword is the engine's to rename)
+        memory_limit=memory_limit,
         warmup=warmup_of(cfg, lm.model),
         attention=cfg.gen.attention,
         question_tokens=question_tokens(task, lm, samples, ids),
