@@ -161,7 +161,7 @@ def _hydra_entry() -> None:
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
     def app(cfg) -> None:
         from kvbench.errors import ConfigError
-        from kvbench.runner import RecordNotWritten, run
+        from kvbench.run import RecordNotWritten, run
 
         multirun = HydraConfig.get().mode == RunMode.MULTIRUN
         if cfg.skip_existing is None:  # a re-run sweep resumes: runs already recorded ok/oom are skipped

@@ -2,7 +2,7 @@
 
 Runs the synthetic passkey task (needs nothing but the packaged model) and, when a dataset mirror
 is given (`data.dir=...`, the Makefile passes ../shared/data or $DATA_DIR when present), a few
-CNN/DailyMail samples too. Every run goes through the normal runner, so the records land in
+CNN/DailyMail samples too. Every run goes through `kvbench.run.run`, so the records land in
 `results/demo/runs.jsonl` like any other run. Extra arguments are Hydra overrides for every run.
 """
 
@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 
 from kvbench.config import CONF_DIR
 from kvbench.policies import registry
-from kvbench.runner import run
+from kvbench.run import run
 
 # every registered policy (kvbench.policies.registry), at kv 256; the two whose budget is fixed keep their own
 FIXED_BUDGET = {"full": [], "extreme_decode": ["policy.kv_size=2"]}

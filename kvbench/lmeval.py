@@ -58,7 +58,7 @@ class KVBenchLM(LM):
         from hydra import compose, initialize_config_dir
 
         from kvbench.config import CONF_DIR, build_policy, prepare
-        from kvbench.runner import load_model
+        from kvbench.run.models import load_model
 
         if str(batch_size).startswith("auto"):
             raise ConfigError("batch_size", "auto is not supported by kvbench's lm-eval model: give a number",

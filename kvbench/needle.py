@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     for job in todo:
         checked(preflight, job, "kvbench-needle")
     from kvbench.report import write_report
-    from kvbench.runner import run
+    from kvbench.run import run
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="needle"):
         results_dir = None

@@ -106,7 +106,7 @@ class Driver:
         return compose("config", overrides=[*self.base, *extra])
 
     def run(self, *extra: str) -> dict:
-        from kvbench.runner import run
+        from kvbench.run import run
 
         cfg = self.compose(*extra)
         rec = run(cfg)

@@ -1,6 +1,6 @@
 """Tokens/s vs batch size for `full` and `batch_max` on SmolLM2 / CPU (issue 5), plotted to a PNG.
 
-Does a larger batch pay on this machine? Every point is an ordinary kvbench run (`kvbench.runner.run`,
+Does a larger batch pay on this machine? Every point is an ordinary kvbench run (`kvbench.run.run`,
 its record appended to `<results-dir>/runs.jsonl`) over the same prompts: the first `--n-samples`
 samples of the task, `--max-new-tokens` new tokens each (EOS ignored), one untimed warm-up batch,
 throughput = generated tokens / wall time including prefill. `--n-samples` must be a multiple of
@@ -23,7 +23,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from kvbench.config import CONF_DIR
-from kvbench.runner import run
+from kvbench.run import run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from provenance import Provenance  # noqa: E402

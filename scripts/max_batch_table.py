@@ -19,7 +19,7 @@ from hydra import compose, initialize_config_dir
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kvbench import plan  # noqa: E402
+from kvbench import capacity  # noqa: E402
 from kvbench.config import CONF_DIR  # noqa: E402
 from kvbench.report import METHODS, attention_of, latest  # noqa: E402
 from kvbench.results import read_records  # noqa: E402
@@ -53,7 +53,7 @@ def main() -> None:
                 f"experiment={args.experiment}", f"data.dir={args.data_dir}", f"plan.backends=[{backend}]",
                 f"plan.kv_sizes=[{','.join(map(str, kvs))}]", f"gen.prefill_chunk={'null' if chunk is None else chunk}",
                 f"results_dir={args.results_dir}"])
-            for r in plan.plan(cfg)["plan"]["rows"]:
+            for r in capacity.plan(cfg)["plan"]["rows"]:
                 planned[(r["method"], r["kv_size"]), (backend, chunk)] = (r["max_batch_size"], r["first_oom_batch_size"])
 
     def fmt(v):

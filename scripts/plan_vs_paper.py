@@ -29,7 +29,7 @@ from hydra import compose, initialize_config_dir
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kvbench import memory, plan  # noqa: E402
+from kvbench import capacity, memory  # noqa: E402
 from kvbench.config import CONF_DIR  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -59,13 +59,13 @@ def rows_of(rec: dict) -> dict:
 def reserve_interval(cfg, published) -> tuple[float, float]:
     """(lo, hi] in GiB: reserves under which eager's plan reproduces every published figure of the setting."""
     (b_ed, b0_ed), b_fkv, bm = published
-    node, _, _, shape, lengths, _ = plan.prepare(cfg)
-    pols = plan.plan_policies(cfg)  # ED, FKV, then Batch-Max at each of plan.kv_sizes (the published ones)
+    node, _, _, shape, lengths, _ = capacity.plan_inputs(cfg)
+    pols = capacity.plan_policies(cfg)  # ED, FKV, then Batch-Max at each of plan.kv_sizes (the published ones)
     ed, fkv = pols[0][1], pols[1][1]
     by_kv = {p.kv_size: p for m, p in pols[2:]}
 
     def room(policy, b):
-        return plan.headroom(shape, node, lengths, policy, "eager", cfg, b) / GiB
+        return capacity.headroom(shape, node, lengths, policy, "eager", cfg, b) / GiB
 
     lo = room(ed, b0_ed)  # the reserve must exceed ED's headroom at b0, so that b0 runs out of memory
     hi = min([room(ed, b_ed), room(fkv, b_fkv)] + [room(by_kv[kv], b) for b, kv in bm])
@@ -99,7 +99,7 @@ def main() -> None:
             conds = {**CONDITIONS, f"eager, reserve {args.reserve_gb:g} GiB": ("eager", [f"memory.reserve_gb={args.reserve_gb}"])}
             for label, (backend, extra) in conds.items():
                 cfg = compose_cfg(exp, [f"plan.backends=[{backend}]", f"results_dir={out}", *extra])
-                got = rows_of(plan.plan(cfg))
+                got = rows_of(capacity.plan(cfg))
                 line[label] = {"ED": got[("ED", 2)], "FKV": got[("FKV", None)],
                                "BM": {kv: got[("BM", kv)] for kv in kvs}}
             lo, hi = reserve_interval(compose_cfg(exp, [f"results_dir={out}"]), published)

@@ -23,9 +23,9 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from kvbench import runner
 from kvbench.config import CONF_DIR
 from kvbench.results import read_records
+from kvbench.run import run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from provenance import Provenance  # noqa: E402
@@ -46,7 +46,7 @@ def run_all(policies, kv_size, out, extra) -> list[dict]:
         ov += POLICY_OVERRIDES.get(p, []) if p == "full" else [f"policy.kv_size={kv_size}", *POLICY_OVERRIDES.get(p, [])]
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose("config", overrides=ov)
-        rec = runner.run(cfg)
+        rec = run(cfg)
         print(f"{p}: {rec['status']} {rec.get('error') or ''}", flush=True)
         recs.append(rec)
     return recs

@@ -1,6 +1,6 @@
 """Goodput under load: requests/s that meet a TTFT and a TPOT objective, against the arrival rate.
 
-What it runs: `kvbench mode=serve` (through `kvbench.runner.run`, one process, the model loaded once) for
+What it runs: `kvbench mode=serve` (through `kvbench.run.run`, one process, the model loaded once) for
 each policy (default full, window with 4 sinks, batch_max, h2o) at each Poisson arrival rate, at the SAME
 pool: SmolLM2-135M, CNN/DM test articles 0-shot cut at 512 tokens (prompts of varied length), 32 new tokens
 with EOS ignored, a 64 x 16-token pool, kv 128 for the evicting policies, arrivals seeded by `seed`. Every
@@ -27,8 +27,8 @@ from hydra import compose, initialize_config_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kvbench import runner  # noqa: E402
 from kvbench.config import CONF_DIR  # noqa: E402
+from kvbench.run import run as run_one  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from provenance import Provenance  # noqa: E402
@@ -46,7 +46,7 @@ def run(policy: str, rate: float, args) -> dict:
         ov.append("policy.kv_size=null")
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=ov)
-    rec = runner.run(cfg)
+    rec = run_one(cfg)
     print(f"{policy} rate={rate}: {rec['status']} {rec.get('error') or ''}", file=sys.stderr, flush=True)
     return rec
 

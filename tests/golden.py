@@ -45,7 +45,8 @@ def run_one(overrides: list[str], results: Path) -> dict:
     """{"hash", "tokens"} of an accepted command line, or {"refused": line} of a refused one."""
     from hydra import compose, initialize_config_dir
 
-    from kvbench import cli, runner
+    from kvbench import cli
+    from kvbench import run as kvrun
     from kvbench.config import CONF_DIR
     from kvbench.errors import ConfigError
     from kvbench.results import read_jsonl
@@ -57,7 +58,7 @@ def run_one(overrides: list[str], results: Path) -> dict:
         return {"refused": str(e)}
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=args)
-    rec = runner.run(cfg)
+    rec = kvrun.run(cfg)
     assert rec["status"] == "ok", rec.get("error")
     rows = sorted(read_jsonl(rec["predictions_path"]), key=lambda r: r["index"])
     return {"hash": rec["config_hash"], "tokens": [r["token_ids"] for r in rows]}

@@ -14,12 +14,12 @@ class TermEvictingRun(Callback):
     def on_job_start(self, config, **kwargs) -> None:
         if config.policy.get("kv_size") is None:
             return
-        from kvbench import runner
+        from kvbench import run as kvrun
 
-        execute = runner.execute
+        execute = kvrun.static.execute
 
         def term_then_execute(*args, **kw):
             os.kill(os.getpid(), signal.SIGTERM)
             return execute(*args, **kw)
 
-        runner.execute = term_then_execute
+        kvrun.static.execute = term_then_execute

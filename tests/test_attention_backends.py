@@ -129,14 +129,14 @@ def test_fused_without_statistics_is_sdpa(tiny_llama):
 def test_record_names_the_backend_used(tmp_path, attention, policy, want):
     from hydra import compose, initialize_config_dir
 
-    from kvbench import runner
+    from kvbench import run as kvrun
     from kvbench.config import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=["model=tiny-llama", "task.n_samples=2", "task.context_tokens=32",
                                            "gen.max_new_tokens=2", f"policy={policy}",
                                            f"gen.attention={attention}", f"results_dir={tmp_path}"])
-    record = runner.run(cfg)
+    record = kvrun.run(cfg)
     assert record["status"] == "ok" and record["attention"] == want
 
 

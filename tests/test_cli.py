@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from kvbench import cli, runner
+from kvbench import cli
+from kvbench import run as kvrun
 from kvbench.results import read_jsonl, read_records
 from tests.conftest import assert_one_line_exit_2
 
@@ -42,7 +43,7 @@ def no_model_loading(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr(runner, "load_model", refuse)
+    monkeypatch.setattr(kvrun.models, "load_model", refuse)
 
 
 @pytest.mark.parametrize("args", list(BAD), ids=list(BAD))

@@ -39,7 +39,8 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from kvbench import attention as static_attention
-from kvbench import cli, runner
+from kvbench import cli
+from kvbench import run as kvrun
 from kvbench.cache import KVCache
 from kvbench.conf import load_option
 from kvbench.config import CONF_DIR, prepare
@@ -204,7 +205,7 @@ def test_refused_up_front_or_a_true_record(combo, mirror, tmp_path, monkeypatch,
     args = argv(combo, mirror, tmp_path)
     keys = refusal(combo)
     if keys is not None:
-        monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+        monkeypatch.setattr(kvrun.models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
         err = assert_one_line_exit_2(cli.main, args, capsys, "")
         named = err.removeprefix("kvbench: error: ").split(":")[0].split("=")[0]  # "kvbench: error: <key>=<value>: why"
         assert named in keys, (keys, err)
@@ -212,13 +213,13 @@ def test_refused_up_front_or_a_true_record(combo, mirror, tmp_path, monkeypatch,
         return
     cli.preflight(args)  # the CLI's preflight accepts it (no model needed)
     if combo.mode == "serve_limits":
-        monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("serve_limits loaded a model"))
+        monkeypatch.setattr(kvrun.models, "load_model", lambda *a, **k: pytest.fail("serve_limits loaded a model"))
     spy, fake = Spy(combo), FakeWandb()
     spy.install(monkeypatch)
     monkeypatch.setitem(sys.modules, "wandb", fake.module)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=args)
-    rec = runner.run(cfg)
+    rec = kvrun.run(cfg)
     assert rec["status"] == "ok", rec["error"]
     check_record(combo, rec, spy)
     if combo.mode != "serve_limits":

@@ -277,13 +277,13 @@ def test_memory_md_plan_printout_is_todays_plan(tmp_path):
     """docs/memory.md's kvbench-plan printout, planned again with today's account (no weights, seconds)."""
     from hydra import compose, initialize_config_dir
 
-    from kvbench import plan
+    from kvbench import capacity
     from kvbench.config import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="docs_figures"):
         cfg = compose("config", overrides=["experiment=paper_llama2_cnndm", f"results_dir={tmp_path}"])
-    record = plan.plan(cfg)
-    printed = [x for x in plan.table(record).splitlines() if x.strip()]
+    record = capacity.plan(cfg)
+    printed = [x for x in capacity.table(record).splitlines() if x.strip()]
     states("docs/memory.md", *printed)
     # and the committed plan_vs_paper record of the same setting says the same batch sizes
     line = one(lines("results/plan/plan_vs_paper.jsonl"), setting="paper_llama2_cnndm")

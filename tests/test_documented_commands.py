@@ -9,7 +9,7 @@ without loading weights:
   composed, validated and checked: model files, prompts rendered with the tokenizer, data rows, serve's
   pool); with `--cfg job` it composes. A `$ ` command shown with a `kvbench: error: ...` line must stop
   with that line (`(...)` stands for any text);
-- `kvbench-plan`: its preflight (`kvbench.plan.preflight`);
+- `kvbench-plan`: its preflight (`kvbench.capacity.preflight`);
 - `kvbench-report DIR`: run on DIR's committed records (into a temporary folder, no plots); a DIR with no
   records in the checkout (the default `results/` a documented sweep writes) is run on a committed one;
 - `kvbench-gpu-check`, `pip install 'kvbench[extra]'`: the console script and the extra exist;
@@ -175,7 +175,7 @@ def _error_pattern(line: str) -> str:
 
 
 def check_kvbench(cmd: Command, args: list[str], monkeypatch, request) -> None:
-    from kvbench import cli, plan
+    from kvbench import capacity, cli
     from kvbench.cli import _message
 
     prog = cmd.words[0]
@@ -184,7 +184,7 @@ def check_kvbench(cmd: Command, args: list[str], monkeypatch, request) -> None:
         request.getfixturevalue("no_writes_no_hub")
     else:  # shown refused: the same on any machine (a Hub model is never in this machine's cache)
         monkeypatch.setenv("HF_HUB_CACHE", str(request.getfixturevalue("tmp_path") / "empty-hub-cache"))
-    check = plan.preflight if prog == "kvbench-plan" else cli.preflight
+    check = capacity.preflight if prog == "kvbench-plan" else cli.preflight
     try:
         check(args)
     except Exception as e:

@@ -8,7 +8,7 @@ import json
 import pytest
 from hydra import compose, initialize_config_dir
 
-from kvbench import runner
+from kvbench import run as kvrun
 from kvbench.config import CONF_DIR, prepare
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
@@ -83,7 +83,7 @@ def test_composes_and_validates(experiment):
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_runs_on_tiny_llama(experiment, mirror, tmp_path):
     cfg = _compose(*tiny(experiment, mirror), f"results_dir={tmp_path}")
-    rec = runner.run(cfg)
+    rec = kvrun.run(cfg)
     assert rec["status"] == "ok", rec["error"]
     if experiment in KVPRESS:  # RULER's niah_single_1 by default, query-agnostic, EOS not ignored
         assert rec["task"] == "niah_single_1" and rec["query_aware"] is False and rec["generated_tokens"] <= 4

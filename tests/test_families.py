@@ -192,14 +192,14 @@ def test_a_layer_whose_window_the_adapter_missed_raises(prompts, monkeypatch):
 def test_record_names_the_layers_a_policy_compressed(tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from kvbench import runner
+    from kvbench import run as kvrun
     from kvbench.config import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=["model=tiny-llama", "model.arch=gemma3", "task.n_samples=2",
                                            "task.context_tokens=60", "gen.max_new_tokens=4", "batch_size=2",
                                            "policy=h2o", "policy.kv_size=24", f"results_dir={tmp_path}"])
-    rec = runner.run(cfg)
+    rec = kvrun.run(cfg)
     assert rec["status"] == "ok", rec["error"]
     assert rec["compressed_layers"] == [1] and rec["model_family"].startswith("gemma3_text: 1 of 2 layers windowed")
     assert any("windowed layers [0] keep their sliding window" in e for e in rec["extensions"])
@@ -262,17 +262,17 @@ NEW_MODELS = {  # model= choice -> (parameters as published, in billions; window
 def _plan(*overrides):
     from hydra import compose, initialize_config_dir
 
-    from kvbench import plan
+    from kvbench import capacity
     from kvbench.config import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return plan.plan(compose("config", overrides=list(overrides)))
+        return capacity.plan(compose("config", overrides=list(overrides)))
 
 
 @pytest.mark.parametrize("name", NEW_MODELS)
 def test_new_model_choices_plan_offline(name, tmp_path):
     """Each shipped config plans without the Hub (HF_HUB_OFFLINE=1): one 80 GiB GPU, 4,000-token prompts."""
-    from kvbench.plan import table
+    from kvbench.capacity import table
 
     prompt = 1500 if name == "phi3-mini-4k" else 4000  # a 4k model (its window of 2047 must not cut: see below)
     rec = _plan(f"model={name}", "plan.gpus=1", "plan.gpu_mem_mib=81920", f"plan.prompt_tokens={prompt}",

@@ -13,9 +13,10 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from kvbench import engine, memory, runner, search
+from kvbench import engine, memory, search
+from kvbench import run as kvrun
 from kvbench.cache import KVCache
-from kvbench.config import CONF_DIR
+from kvbench.config import CONF_DIR, build_policy
 from kvbench.policies import BatchMax, ExtremeDecode, Full, Window
 from tests.conftest import random_prompts
 
@@ -71,7 +72,7 @@ TINY = ["model=tiny-llama", "gen.max_new_tokens=6", "policy=batch_max", "policy.
 def test_oom_trial_of_the_search_leaves_no_live_cache(monkeypatch, no_gc):
     """A search trial that runs out of memory mid-decode (after prefill and an eviction) frees its cache."""
     cfg = _compose(*TINY)
-    lm, policy = runner.load_model(cfg), runner.build_policy(cfg)
+    lm, policy = kvrun.models.load_model(cfg), build_policy(cfg)
     ids = [list(range(40, 90)), list(range(10, 70))]
     refs, begin, calls = CacheRefs(), KVCache.begin_forward, []
 

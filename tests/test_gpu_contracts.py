@@ -322,7 +322,7 @@ def test_warmup_is_on_by_default_on_cuda_only():
 
     from omegaconf import OmegaConf
 
-    from kvbench.runner import warmup_of
+    from kvbench.run.static import warmup_of
 
     def model(kind):
         return SimpleNamespace(device=torch.device(kind, 0) if kind == "cuda" else torch.device(kind))

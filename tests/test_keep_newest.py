@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from hydra import compose, initialize_config_dir
 
-from kvbench import engine, runner
+from kvbench import engine
+from kvbench import run as kvrun
 from kvbench.cache import KVCache
 from kvbench.config import CONF_DIR
 from kvbench.policies import BatchMax, ExtremeDecode, Full, Policy, Window
@@ -86,10 +87,10 @@ def _compose(*overrides):
 def test_records_carry_evict_s(tmp_path):
     common = ["model=tiny-llama", "task.n_samples=2", "task.context_tokens=40", "gen.max_new_tokens=4", "batch_size=2",
               f"results_dir={tmp_path}"]
-    full = runner.run(_compose(*common, "policy=full"))
-    bm = runner.run(_compose(*common, "policy=batch_max", "policy.kv_size=16", "policy.evict_every=4",
+    full = kvrun.run(_compose(*common, "policy=full"))
+    bm = kvrun.run(_compose(*common, "policy=batch_max", "policy.kv_size=16", "policy.evict_every=4",
                              "gen.attention=sdpa"))  # a separate statistics pass, timed
-    fused = runner.run(_compose(*common, "policy=batch_max", "policy.kv_size=16", "policy.evict_every=4",
+    fused = kvrun.run(_compose(*common, "policy=batch_max", "policy.kv_size=16", "policy.evict_every=4",
                                 "gen.attention=fused"))  # statistics inside the attention: not separable
     assert full["status"] == bm["status"] == fused["status"] == "ok"
     assert full["evict_s"] == 0.0 and full["attn_stats_s"] == 0.0

@@ -14,11 +14,13 @@ from hydra import compose, initialize_config_dir
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from kvbench import cli, engine, memory, runner
+from kvbench import cli, engine, memory
+from kvbench import run as kvrun
 from kvbench.attention import kv_attention
 from kvbench.cache import KVCache
-from kvbench.config import CONF_DIR, build_task
+from kvbench.config import CONF_DIR, build_policy, build_task
 from kvbench.engine import generate_batch
+from kvbench.errors import OutOfMemory
 from kvbench.policies import (
     H2O,
     TOVA,
@@ -199,7 +201,7 @@ def test_budget_refuses_over_and_admits_under(tiny_llama):
     memory.Budget((acc.total + 1) / memory.GiB).admit(acc)
     with pytest.raises(memory.BudgetExceeded, match="exceeds memory.budget_gb") as e:
         memory.Budget((acc.total - 1) / memory.GiB).admit(acc)
-    assert isinstance(e.value, runner.OutOfMemory) and runner.is_oom(e.value) and e.value.account is acc
+    assert isinstance(e.value, OutOfMemory) and memory.is_oom(e.value) and e.value.account is acc
 
 
 def test_refused_batch_allocates_nothing(tiny_llama):
@@ -216,10 +218,10 @@ TINY = ["model=tiny-llama", "task.n_samples=4", "task.context_tokens=32", "gen.m
 
 def _footprint(cfg, batch_size: int) -> int:
     """The accounted peak of the first batch of `batch_size` samples of the run `cfg` describes."""
-    lm = runner.load_model(cfg)
+    lm = kvrun.models.load_model(cfg)
     task = build_task(cfg)
     ids = [task.encode(lm.tokenizer, s.prompt) for s in task.samples(lm.tokenizer)][:batch_size]
-    policy = runner.build_policy(cfg)
+    policy = build_policy(cfg)
     return memory.account(lm.model, [len(x) for x in ids], policy, max_new_tokens=cfg.gen.max_new_tokens).total
 
 
@@ -238,7 +240,7 @@ def test_oom_run_is_an_oom_record_and_the_sweep_goes_on(tmp_path, monkeypatch):
 
 
 def test_budget_below_the_weights_is_one_line_exit_2_and_no_record(tmp_path, capsys):
-    weights = runner.load_model(_compose(*TINY)).weights_bytes
+    weights = kvrun.models.load_model(_compose(*TINY)).weights_bytes
     with pytest.raises(SystemExit) as e:
         cli.main([*TINY, f"memory.budget_gb={weights / 2 / memory.GiB}", f"results_dir={tmp_path}"])
     err = capsys.readouterr().err.strip()
@@ -268,7 +270,7 @@ BAD = {
 
 @pytest.mark.parametrize("args", list(BAD), ids=list(BAD))
 def test_bad_memory_and_search_input_fails_before_loading(args, capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(kvrun.models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(SystemExit) as e:
         cli.main(args.split() + [f"results_dir={tmp_path}"])
     err = capsys.readouterr().err.strip()

@@ -15,7 +15,8 @@ import textwrap
 import pytest
 from hydra import compose, initialize_config_dir
 
-from kvbench import cli, plan, results, runner
+from kvbench import capacity, cli, results
+from kvbench import run as kvrun
 from kvbench.config import CONF_DIR
 from kvbench.results import read_jsonl, read_records
 from tests.conftest import assert_one_line_exit_2
@@ -26,7 +27,7 @@ TINY = ["model=tiny-llama", "task.n_samples=2", "task.context_tokens=32", "gen.m
 
 @pytest.fixture
 def no_model_loading(monkeypatch):
-    monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(kvrun.models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
 
 
 def _cfg(*overrides):
@@ -98,7 +99,7 @@ def test_hub_model_not_cached_offline_is_one_line_at_once(tmp_path, capsys, monk
 def test_plan_with_an_unknown_model_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(SystemExit) as exc:
-        plan.main(["model=llama2-13b-chat", "model.pretrained=nobody/nothing", "plan.prompt_tokens=100",
+        capacity.main(["model=llama2-13b-chat", "model.pretrained=nobody/nothing", "plan.prompt_tokens=100",
                    "memory.budget_gb=10", f"results_dir={tmp_path}"])
     err = capsys.readouterr().err.strip()
     assert exc.value.code == 2 and "\n" not in err and err.startswith("kvbench-plan: error: model.pretrained")
@@ -109,7 +110,7 @@ def test_kvbench_refuses_the_plan_values_kvbench_plan_refuses(arg, tmp_path, cap
     key = arg.split("=")[0]
     assert_one_line_exit_2(cli.main, [*TINY, arg, f"results_dir={tmp_path}"], capsys, key)
     with pytest.raises(SystemExit) as exc:
-        plan.main([arg, "memory.budget_gb=10", f"results_dir={tmp_path}"])
+        capacity.main([arg, "memory.budget_gb=10", f"results_dir={tmp_path}"])
     assert exc.value.code == 2 and key in capsys.readouterr().err
 
 
@@ -129,7 +130,7 @@ def test_a_results_folder_failing_at_the_end_sends_everything_to_a_rescue_folder
         return append(results_dir, record, release)
 
     monkeypatch.setattr(results, "append_record", disk_full)
-    monkeypatch.setattr(runner.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    monkeypatch.setattr(kvrun.store.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
     monkeypatch.setattr(sys, "argv", ["kvbench"])
     with pytest.raises(SystemExit) as exc:
         cli.main([*TINY, f"results_dir={tmp_path / 'res'}", "hydra/job_logging=none", "hydra/hydra_logging=none"])
@@ -151,9 +152,9 @@ def test_predictions_that_cannot_be_written_go_to_the_rescue_folder(tmp_path, mo
         return write(path, rows)
 
     monkeypatch.setattr(results, "write_jsonl", fail_in_results)
-    monkeypatch.setattr(runner.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
-    with pytest.raises(runner.RecordNotWritten) as exc:
-        runner.run(_cfg(*TINY, f"results_dir={tmp_path / 'res'}"))
+    monkeypatch.setattr(kvrun.store.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    with pytest.raises(kvrun.RecordNotWritten) as exc:
+        kvrun.run(_cfg(*TINY, f"results_dir={tmp_path / 'res'}"))
     (rec,) = read_records(tmp_path / "res")  # the record itself still made it to runs.jsonl
     assert rec["status"] == "ok" and rec["predictions_path"].startswith(str(exc.value.rescue))
     assert len(read_jsonl(rec["predictions_path"])) == 2 and len(read_jsonl(rec["scores_path"])) == 2
@@ -168,7 +169,7 @@ def test_a_failure_before_the_model_still_leaves_a_record(where, tmp_path, monke
         raise RuntimeError(f"{where} broke")
 
     monkeypatch.setattr(NullLogger if where == "logger.start" else BatchMax, where.split(".")[-1], boom)
-    rec = runner.run(_cfg(*TINY, f"results_dir={tmp_path}"))
+    rec = kvrun.run(_cfg(*TINY, f"results_dir={tmp_path}"))
     assert rec["status"] == "error" and f"{where} broke" in rec["error"]
     (stored,) = read_records(tmp_path)
     assert stored["run_id"] == rec["run_id"] and stored["mode"] == "run"
@@ -176,17 +177,18 @@ def test_a_failure_before_the_model_still_leaves_a_record(where, tmp_path, monke
 
 INTERRUPTED = textwrap.dedent("""
     import os, signal, sys
-    from kvbench import cli, runner
-    execute = runner.{fn}
+    from kvbench import cli
+    from kvbench import run as kvrun
+    execute = kvrun.{fn}
     def execute_then_int(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGINT)
         return execute(*args, **kwargs)
-    runner.{fn} = execute_then_int
+    kvrun.{fn} = execute_then_int
     cli.main(sys.argv[1:])
 """)
 
 
-@pytest.mark.parametrize("mode,fn", [("run", "execute"), ("serve", "load_within")])
+@pytest.mark.parametrize("mode,fn", [("run", "static.execute"), ("serve", "models.load_within")])
 def test_sigint_is_as_quiet_as_sigterm(mode, fn, tmp_path):
     args = [*TINY, f"mode={mode}"] if mode == "run" else [a for a in TINY if not a.startswith("batch_size")] + [
         "mode=serve"]
@@ -211,7 +213,7 @@ def test_sigint_outside_a_run_is_one_line():
 def test_serve_peak_counts_requests_that_finish_in_the_step(tmp_path):
     """max_new_tokens=1 and a step budget that takes every prompt whole: each request prefills and finishes
     in one step, so blocks in use after the step are 0; the peak is what the step held."""
-    rec = runner.run(_cfg("model=tiny-llama", "task.n_samples=3", "task.context_tokens=40", "gen.max_new_tokens=1",
+    rec = kvrun.run(_cfg("model=tiny-llama", "task.n_samples=3", "task.context_tokens=40", "gen.max_new_tokens=1",
                           "mode=serve", "serve.max_tokens_per_step=4096", "serve.plot=false", f"results_dir={tmp_path}"))
     assert rec["status"] == "ok" and rec["serve"]["steps"] == 1
     assert rec["peak_kv_bytes"] > 0 and rec["serve"]["pool_util_max"] > 0

@@ -11,8 +11,9 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from kvbench import memory, runner, search
-from kvbench.config import CONF_DIR, config_hash, identity, record_hash
+from kvbench import memory, search
+from kvbench import run as kvrun
+from kvbench.config import CONF_DIR, build_policy, build_task, config_hash, identity, record_hash
 from kvbench.errors import OutOfMemory
 from kvbench.results import append_record, finished, read_records
 
@@ -59,7 +60,7 @@ def test_finished_by_kind(tmp_path, history, expected):
 def test_oom_kind_of_exceptions():
     acc = memory.account(memory.ModelShape(
         hidden=8, intermediate=8, vocab=8, q_heads=1, kv_heads=1, head_dim=8, dtype=torch.float32, mlp_buffers=3,
-        fused_qkv=False, weights={"cpu": 1}, layers={"cpu": 1}), [4], runner.build_policy(_compose(*TINY)),
+        fused_qkv=False, weights={"cpu": 1}, layers={"cpu": 1}), [4], build_policy(_compose(*TINY)),
         max_new_tokens=1)
     assert memory.oom_kind(memory.BudgetExceeded("over", acc)) == "accounted"
     assert memory.oom_kind(torch.cuda.OutOfMemoryError("CUDA out of memory")) == "measured"
@@ -79,7 +80,7 @@ def test_identity_uses_the_resolved_device_kind(monkeypatch):
 
 
 def test_a_gpu_sweep_does_not_skip_cpu_records(tmp_path, monkeypatch):
-    rec = runner.run(_compose(*TINY, f"results_dir={tmp_path}"))
+    rec = kvrun.run(_compose(*TINY, f"results_dir={tmp_path}"))
     assert rec["status"] == "ok" and rec["oom_kind"] is None and rec["device"] == "cpu"
     assert record_hash(rec) == rec["config_hash"] == config_hash(_compose(*TINY))
     assert finished(tmp_path, rec["config_hash"])["run_id"] == rec["run_id"]
@@ -89,8 +90,8 @@ def test_a_gpu_sweep_does_not_skip_cpu_records(tmp_path, monkeypatch):
 
 def test_records_from_before_the_resolved_hash_still_match(tmp_path):
     """A CPU record written when device=auto was hashed as "auto" is found by the same run now."""
-    rec = json.loads(json.dumps(runner.new_record(_compose(*TINY), runner.build_policy(_compose(*TINY)),
-                                                  runner.build_task(_compose(*TINY))), default=str))
+    rec = json.loads(json.dumps(kvrun.record.new_record(_compose(*TINY), build_policy(_compose(*TINY)),
+                                                  build_task(_compose(*TINY))), default=str))
     assert rec["config"]["device"] == "auto"
     rec.update(status="ok", config_hash="0123456789abcdef")  # an old hash: not what config_hash gives now
     append_record(tmp_path, rec)
@@ -101,29 +102,29 @@ def test_records_from_before_the_resolved_hash_still_match(tmp_path):
 # ------------------------------------------------------------------------------------- runs
 def test_measured_oom_is_retried_once_accounted_is_final(tmp_path, monkeypatch):
     args = [*TINY, f"results_dir={tmp_path}", "skip_existing=true"]
-    execute, calls = runner.execute, []
+    execute, calls = kvrun.static.execute, []
 
     def cuda_oom(*a, **k):
         calls.append(1)
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
 
-    monkeypatch.setattr(runner, "execute", cuda_oom)
-    first = runner.run(_compose(*args))
-    second = runner.run(_compose(*args))  # retried
-    third = runner.run(_compose(*args))  # final: the second measured oom
+    monkeypatch.setattr(kvrun.static, "execute", cuda_oom)
+    first = kvrun.run(_compose(*args))
+    second = kvrun.run(_compose(*args))  # retried
+    third = kvrun.run(_compose(*args))  # final: the second measured oom
     assert (first["status"], first["oom_kind"], second["oom_kind"]) == ("oom", "measured", "measured")
     assert len(calls) == 2 and third["run_id"] == second["run_id"] and len(read_records(tmp_path)) == 2
 
-    monkeypatch.setattr(runner, "execute", execute)
-    small = [*args, "seed=3", f"memory.budget_gb={runner.load_model(_compose(*TINY)).weights_bytes * 1.01 / memory.GiB}"]
-    acc = runner.run(_compose(*small))
-    again = runner.run(_compose(*small))
+    monkeypatch.setattr(kvrun.static, "execute", execute)
+    small = [*args, "seed=3", f"memory.budget_gb={kvrun.models.load_model(_compose(*TINY)).weights_bytes * 1.01 / memory.GiB}"]
+    acc = kvrun.run(_compose(*small))
+    again = kvrun.run(_compose(*small))
     assert (acc["status"], acc["oom_kind"]) == ("oom", "accounted") and again["run_id"] == acc["run_id"]
 
 
 def test_search_records_the_kind_of_its_oom_trials(tmp_path, monkeypatch):
-    budget = runner.load_model(_compose(*TINY)).weights_bytes * 1.001 / memory.GiB
-    rec = runner.run(_compose(*TINY, "batch_size=1", "search.max_batch=true", "search.only=true",
+    budget = kvrun.models.load_model(_compose(*TINY)).weights_bytes * 1.001 / memory.GiB
+    rec = kvrun.run(_compose(*TINY, "batch_size=1", "search.max_batch=true", "search.only=true",
                               f"memory.budget_gb={budget}", f"results_dir={tmp_path}"))
     assert rec["status"] == "oom" and rec["oom_kind"] == "accounted"
     assert [t["oom_kind"] for t in rec["search"]["trials"]] == ["accounted"]
@@ -132,7 +133,7 @@ def test_search_records_the_kind_of_its_oom_trials(tmp_path, monkeypatch):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
 
     monkeypatch.setattr(search.engine, "generate", cuda_oom)
-    rec = runner.run(_compose(*TINY, "batch_size=1", "search.max_batch=true", "search.only=true",
+    rec = kvrun.run(_compose(*TINY, "batch_size=1", "search.max_batch=true", "search.only=true",
                               "memory.budget_gb=100", f"results_dir={tmp_path}"))
     assert rec["status"] == "oom" and rec["oom_kind"] == "measured"
     assert [t["oom_kind"] for t in rec["search"]["trials"]] == ["measured"]

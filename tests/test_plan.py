@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from kvbench import memory, plan, runner
-from kvbench.config import CONF_DIR
+from kvbench import capacity, memory
+from kvbench import run as kvrun
+from kvbench.config import CONF_DIR, build_policy, build_task
 from kvbench.models import hub_spec
 from kvbench.results import read_records
 
@@ -51,11 +52,11 @@ def test_shipped_configs_are_the_published_ones(pretrained, published):
 # ------------------------------------------------------------------------------------------ placement
 def test_gpu_placement_follows_device_map_auto():
     cfg = _compose("experiment=paper_llama2_cnndm")
-    node = plan.node_of(cfg)
+    node = capacity.node_of(cfg)
     assert node.max_memory == dict.fromkeys(range(4), 32510 * 2**20)
-    spec = plan.spec_of(cfg, node)
+    spec = capacity.spec_of(cfg, node)
     model = spec.meta_model()
-    shape = plan.placed_shape(model, plan.placement(model, spec, node))
+    shape = capacity.placed_shape(model, capacity.placement(model, spec, node))
     total = sum(p.numel() * p.element_size() for p in [*model.parameters(), *model.buffers()])
     assert sum(shape.weights.values()) == total
     assert sorted(shape.layers) == [f"cuda:{i}" for i in range(4)] and sum(shape.layers.values()) == 40
@@ -66,20 +67,20 @@ def test_gpu_placement_follows_device_map_auto():
 
 def test_unsplit_loader_shape_equals_the_loaded_models(tiny_llama):
     cfg = _compose(*TINY, "memory.budget_gb=1")
-    spec = plan.spec_of(cfg, plan.node_of(cfg))
+    spec = capacity.spec_of(cfg, capacity.node_of(cfg))
     model = spec.meta_model()
-    shape = plan.placed_shape(model, plan.placement(model, spec, plan.node_of(cfg)))
-    real = memory.ModelShape.of(runner.load_model(cfg).model)
+    shape = capacity.placed_shape(model, capacity.placement(model, spec, capacity.node_of(cfg)))
+    real = memory.ModelShape.of(kvrun.models.load_model(cfg).model)
     assert shape == real
 
 
 # ----------------------------------------------------------------------------- plan == search on CPU
 def _budget_between(cfg, lo: int, hi: int) -> float:
     """A budget (GiB) between the accounted peaks of batch sizes lo and hi (probe batches, full cache)."""
-    lm = runner.load_model(cfg)
-    task = runner.build_task(cfg)
+    lm = kvrun.models.load_model(cfg)
+    task = build_task(cfg)
     ids = [task.encode(lm.tokenizer, s.prompt) for s in task.samples(lm.tokenizer)]
-    pol = runner.build_policy(_compose(*TINY, "policy=full", "policy.kv_size=null"))
+    pol = build_policy(_compose(*TINY, "policy=full", "policy.kv_size=null"))
     from kvbench import search
 
     peak = {b: memory.account(lm.model, [len(x) for x in search.probe_prompts(ids, b)], pol,
@@ -92,10 +93,10 @@ def _real_peaks(cfg, policy_overrides: list[str], candidates: list[int]) -> dict
     """The accounted peak (bytes) of each candidate's worst-case batch, on the LOADED model with the prompts the
     runner tokenises: the oracle the plan is specified against, reached without the planner's meta model,
     placement, prompt lengths or search."""
-    lm = runner.load_model(cfg)
-    task = runner.build_task(cfg)
+    lm = kvrun.models.load_model(cfg)
+    task = build_task(cfg)
     ids = sorted((len(task.encode(lm.tokenizer, s.prompt)) for s in task.samples(lm.tokenizer)), reverse=True)
-    pol = runner.build_policy(_compose(*TINY, *policy_overrides))
+    pol = build_policy(_compose(*TINY, *policy_overrides))
     return {b: memory.account(lm.model, [ids[i % len(ids)] for i in range(b)], pol,
                               max_new_tokens=cfg.gen.max_new_tokens).total for b in candidates}
 
@@ -112,7 +113,7 @@ def test_cpu_plan_finds_the_boundary_of_the_real_account(tmp_path, reserve):
     budget = _budget_between(base, 4, 6)
     reserve_gb = reserve * budget
     common = [*TINY, f"memory.budget_gb={budget}", f"memory.reserve_gb={reserve_gb}", f"results_dir={tmp_path}"]
-    rec = plan.plan(_compose(*common, "plan.backends=[sdpa]", "plan.kv_sizes=[32]"))
+    rec = capacity.plan(_compose(*common, "plan.backends=[sdpa]", "plan.kv_sizes=[32]"))
     assert rec["mode"] == "plan" and read_records(tmp_path)[-1]["run_id"] == rec["run_id"]
     planned = {(r["policy"], r["kv_size"]): (r["max_batch_size"], r["first_oom_batch_size"]) for r in rec["plan"]["rows"]}
     candidates = [1, 2, 3, 4, 6, 8]  # search.candidates up to task.n_samples
@@ -138,11 +139,11 @@ def test_smollm2_plan_equals_the_search(tmp_path):
     if not data.is_dir():
         pytest.skip("no dataset mirror beside the checkout")
     common = ["experiment=mini_cnndm", f"data.dir={data}", f"results_dir={tmp_path}"]
-    rec = plan.plan(_compose(*common, "plan.kv_sizes=[1024]"))
+    rec = capacity.plan(_compose(*common, "plan.kv_sizes=[1024]"))
     planned = {(r["attention"], r["policy"]): r["max_batch_size"] for r in rec["plan"]["rows"]}
     for backend in rec["config"]["plan"]["backends"]:
         for pol in (["policy=extreme_decode", "policy.kv_size=2", "policy.evict_every=null"], []):
-            run = runner.run(_compose(*common, *pol, f"gen.attention={backend}", "search.max_batch=true",
+            run = kvrun.run(_compose(*common, *pol, f"gen.attention={backend}", "search.max_batch=true",
                                       "search.only=true"))
             assert run["status"] == "ok", run["error"]
             assert planned[(backend, run["policy"])] == run["search"]["max_batch_size"]
@@ -152,7 +153,7 @@ def test_smollm2_plan_equals_the_search(tmp_path):
 @pytest.mark.parametrize("experiment", ["paper_llama2_cnndm", "paper_phi35_gsm8k"])
 def test_paper_settings_plan_offline(tmp_path, experiment):
     t0 = time.perf_counter()
-    rec = plan.plan(_compose(f"experiment={experiment}", f"results_dir={tmp_path}"))
+    rec = capacity.plan(_compose(f"experiment={experiment}", f"results_dir={tmp_path}"))
     assert time.perf_counter() - t0 < 60
     rows = rec["plan"]["rows"]
     assert {(r["attention"], r["method"]) for r in rows} >= {(a, m) for a in ("eager", "sdpa") for m in ("ED", "FKV", "BM")}
@@ -162,13 +163,13 @@ def test_paper_settings_plan_offline(tmp_path, experiment):
         assert fkv["max_batch_size"] <= ed["max_batch_size"] < ed["first_oom_batch_size"]
         assert all(r["max_batch_size"] > ed["max_batch_size"] for k, r in by.items() if k[0] == a and k[1] == "BM")
     assert rec["plan"]["model"]["layers"] and len(rec["plan"]["model"]["layers"]) == len(rec["plan"]["node"]["budget_bytes"])
-    text = plan.table(rec)
+    text = capacity.table(rec)
     assert "eager" in text and "sdpa" in text and "BM" in text
 
 
 def test_command_prints_the_table_and_rejects_bad_input(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "kvbench.plan"]
+    cmd = [sys.executable, "-m", "kvbench.capacity"]
     out = subprocess.run([*cmd, "experiment=paper_phi35_cnndm", "plan.backends=[sdpa]", f"results_dir={tmp_path}"],
                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -191,7 +192,7 @@ def test_bad_plans_name_the_key(tmp_path, overrides, key):
     from kvbench.errors import ConfigError
 
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        plan.plan(_compose(*overrides, f"results_dir={tmp_path}"))
+        capacity.plan(_compose(*overrides, f"results_dir={tmp_path}"))
     assert not read_records(tmp_path)
 
 

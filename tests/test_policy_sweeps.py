@@ -15,7 +15,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.utils import get_class
 
-from kvbench import cli, runner
+from kvbench import cli
+from kvbench import run as kvrun
 from kvbench.config import CONF_DIR, config_hash
 from kvbench.report import tables
 from kvbench.results import read_records
@@ -44,8 +45,8 @@ def argv(monkeypatch):
 
 def test_the_issues_sweeps_run_full_once_and_report_one_table(tmp_path, monkeypatch):
     executed = []
-    execute = runner.execute
-    monkeypatch.setattr(runner, "execute", lambda cfg, *a, **k: executed.append(get_class(cfg.policy._target_).name)
+    execute = kvrun.static.execute
+    monkeypatch.setattr(kvrun.static, "execute", lambda cfg, *a, **k: executed.append(get_class(cfg.policy._target_).name)
                         or execute(cfg, *a, **k))
     common = [*TINY, f"results_dir={tmp_path}", f"hydra.sweep.dir={tmp_path / 'hydra'}"]
     for sweep in SWEEPS:
@@ -130,7 +131,7 @@ REFUSED = {
 
 @pytest.mark.parametrize("args", list(REFUSED), ids=list(REFUSED))
 def test_refused_before_anything_loads(args, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(kvrun.models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     assert_one_line_exit_2(cli.main, [*args.split(), *TINY, f"results_dir={tmp_path}"], capsys, REFUSED[args])
     assert not (tmp_path / "runs.jsonl").exists()
 
@@ -149,7 +150,7 @@ def test_a_single_run_of_full_ignores_its_inert_keys_and_keeps_its_identity(tmp_
     """Keys full's config has and never uses (schedule, evict_every, protection), accepted by a single run as
     before, are reset and listed: the run is `policy=full`'s."""
     args = [*TINY[:5], "policy=full", "policy.schedule=decode_only", "policy.evict_every=8", f"results_dir={tmp_path}"]
-    monkeypatch.setattr(runner, "execute", lambda cfg, record, *a, **k: record.update(status="ok") or [])
-    rec = runner.run(_compose(*args))
+    monkeypatch.setattr(kvrun.static, "execute", lambda cfg, record, *a, **k: record.update(status="ok") or [])
+    rec = kvrun.run(_compose(*args))
     assert rec["ignored_keys"] == ["policy.evict_every", "policy.schedule"]
     assert rec["config_hash"] == config_hash(_compose(*TINY[:5], "policy=full", f"results_dir={tmp_path}"))

@@ -4,7 +4,8 @@ and the one line a missing default-model package gets."""
 import pytest
 from hydra import compose, initialize_config_dir
 
-from kvbench import cli, engine, runner, stats
+from kvbench import cli, engine, stats
+from kvbench import run as kvrun
 from kvbench.config import CONF_DIR
 from kvbench.models import weights_format
 from kvbench.results import read_jsonl
@@ -25,7 +26,7 @@ def test_default_model_says_its_weights_are_dequantised_q4_1():
 
 
 def test_missing_model_package_is_one_line_exit_2(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(kvrun.models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(SystemExit) as exc:
         cli.main(["model.package=llm_not_installed", f"results_dir={tmp_path}"])
     err = capsys.readouterr().err.strip()
@@ -40,7 +41,7 @@ def test_missing_model_package_is_one_line_exit_2(capsys, tmp_path, monkeypatch)
 def _run(tmp_path, *overrides):
     cfg = _cfg("model=tiny-llama", "device=cpu", "task.n_samples=4", "task.context_tokens=64", "batch_size=2",
                f"results_dir={tmp_path}", *overrides)
-    return runner.run(cfg)
+    return kvrun.run(cfg)
 
 
 def test_real_run_records_intervals_lengths_and_a_scores_file(tmp_path):
@@ -63,7 +64,7 @@ def test_a_policy_forced_to_talk_longer_shows_in_the_lengths(tmp_path, monkeypat
         gen = [[65] * stop + [EOS] + [66] * (max_new_tokens - stop - 1) for _ in ids]  # "AA..A" EOS "BB.."
         return engine.GenerationOutput(token_ids=gen, wall_s=1.0, generated_tokens=len(ids) * max_new_tokens)
 
-    monkeypatch.setattr(runner.engine, "generate", fake_generate)
+    monkeypatch.setattr(engine, "generate", fake_generate)
     common = ("gen.max_new_tokens=8", "gen.ignore_eos=true")
     full = _run(tmp_path, *common)
     window = _run(tmp_path, *common, "policy=window", "policy.kv_size=48", "policy.evict_every=16")

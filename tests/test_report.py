@@ -225,7 +225,8 @@ def test_a_serve_run_has_its_own_table_and_no_batch_size(tmp_path):
     a static "b=1" row next to static runs."""
     from hydra import compose, initialize_config_dir
 
-    from kvbench import report, runner
+    from kvbench import report
+    from kvbench import run as kvrun
     from kvbench.config import CONF_DIR
 
     base = ["model=tiny-llama", "task.n_samples=2", "task.context_tokens=32", "gen.max_new_tokens=2",
@@ -233,7 +234,7 @@ def test_a_serve_run_has_its_own_table_and_no_batch_size(tmp_path):
             f"results_dir={tmp_path}"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for extra in (["batch_size=1"], ["mode=serve"]):
-            assert runner.run(compose("config", overrides=[*base, *extra]))["status"] == "ok"
+            assert kvrun.run(compose("config", overrides=[*base, *extra]))["status"] == "ok"
     tables = report.tables(read_records(tmp_path), 0.96)
     assert len(tables) == 2
     serve = next(t for t in tables if "serving mode" in t.title)

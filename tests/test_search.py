@@ -13,10 +13,11 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from kvbench import memory, runner, search
+from kvbench import memory, search
+from kvbench import run as kvrun
 from kvbench.attention import resolve_backend
 from kvbench.cache import KVCache
-from kvbench.config import CONF_DIR, DIVISORS_OF_960, build_task
+from kvbench.config import CONF_DIR, DIVISORS_OF_960, build_policy, build_task
 from kvbench.results import read_jsonl, read_records
 
 TINY = ["model=tiny-llama", "task.n_samples=3", "task.context_tokens=40", "gen.max_new_tokens=4",
@@ -32,10 +33,10 @@ def _compose(*overrides):
 
 def _probe_footprints(cfg) -> dict[int, int]:
     """Accounted peak of the worst-case probe batch at every candidate batch size."""
-    lm = runner.load_model(cfg)
+    lm = kvrun.models.load_model(cfg)
     task = build_task(cfg)
     ids = [task.encode(lm.tokenizer, s.prompt) for s in task.samples(lm.tokenizer)]
-    policy = runner.build_policy(cfg)
+    policy = build_policy(cfg)
     return {
         b: memory.account(lm.model, [len(x) for x in search.probe_prompts(ids, b)], policy,
                           max_new_tokens=cfg.gen.max_new_tokens,
@@ -69,7 +70,7 @@ def test_budget_between_two_footprints_gives_the_smaller_batch(tmp_path):
     fp = _probe_footprints(cfg)
     assert all(fp[a] < fp[b] for a, b in zip(CANDIDATES[:-1], CANDIDATES[1:], strict=True))
     budget = (fp[6] + fp[8]) / 2 / memory.GiB
-    record = runner.run(_compose(*TINY16, f"search.candidates={CANDIDATES}", "search.max_batch=true",
+    record = kvrun.run(_compose(*TINY16, f"search.candidates={CANDIDATES}", "search.max_batch=true",
                                  "search.only=true", f"memory.budget_gb={budget}", f"results_dir={tmp_path}"))
     s = record["search"]
     assert (record["status"], record["batch_size"], s["max_batch_size"], s["first_oom_batch_size"]) == ("ok", 6, 6, 8)
@@ -82,8 +83,8 @@ def test_budget_between_two_footprints_gives_the_smaller_batch(tmp_path):
 
 
 def test_nothing_fits_is_an_oom_record(tmp_path):
-    record = runner.run(_compose(*TINY, "search.max_batch=true", "search.only=true", f"results_dir={tmp_path}",
-                                 f"memory.budget_gb={runner.load_model(_compose(*TINY)).weights_bytes * 1.001 / memory.GiB}"))
+    record = kvrun.run(_compose(*TINY, "search.max_batch=true", "search.only=true", f"results_dir={tmp_path}",
+                                 f"memory.budget_gb={kvrun.models.load_model(_compose(*TINY)).weights_bytes * 1.001 / memory.GiB}"))
     assert record["status"] == "oom" and record["search"]["max_batch_size"] is None
     assert record["search"]["first_oom_batch_size"] == 1 and len(record["search"]["trials"]) == 1
 
@@ -97,7 +98,7 @@ def test_search_then_run_equals_a_fresh_process(tmp_path):
     cfg = _compose(*TINY, f"search.candidates={CANDIDATES}")
     fp = _probe_footprints(cfg)
     budget = (fp[2] + fp[3]) / 2 / memory.GiB
-    searched = runner.run(_compose(*TINY, f"search.candidates={CANDIDATES}", "search.max_batch=true",
+    searched = kvrun.run(_compose(*TINY, f"search.candidates={CANDIDATES}", "search.max_batch=true",
                                    f"memory.budget_gb={budget}", f"results_dir={tmp_path / 'a'}"))
     assert searched["batch_size"] == 2 and any(t["status"] == "oom" for t in searched["search"]["trials"])
     p = subprocess.run([sys.executable, "-c", FRESH, *TINY, "batch_size=2", f"memory.budget_gb={budget}",
@@ -127,7 +128,7 @@ def _oom_mid_forward(monkeypatch, from_batch: int, hold: list):
 
 def test_oom_mid_forward_leaves_no_cache_behind(monkeypatch, no_gc):
     cfg = _compose(*TINY)
-    lm, policy = runner.load_model(cfg), runner.build_policy(cfg)
+    lm, policy = kvrun.models.load_model(cfg), build_policy(cfg)
     ids = [list(range(40, 90)), list(range(10, 70))]
     fresh = search.probe(cfg, lm, policy, ids, 2, None)
     caches: list = []
@@ -142,7 +143,7 @@ def test_a_leak_is_reported(monkeypatch, no_gc):
     """The level check can fail: a cache something still holds after an oom trial, its tensors not given
     back (the engine's release skipped, as before it existed), is reported."""
     cfg = _compose(*TINY)
-    lm, policy = runner.load_model(cfg), runner.build_policy(cfg)
+    lm, policy = kvrun.models.load_model(cfg), build_policy(cfg)
     caches: list = []
     _oom_mid_forward(monkeypatch, 1, caches)
     monkeypatch.setattr(KVCache, "release", lambda self: None)
@@ -162,7 +163,7 @@ def test_account_probes_give_the_same_verdicts_as_real_ones(tmp_path):
     from hydra import compose, initialize_config_dir
 
     from kvbench.config import CONF_DIR
-    from kvbench.runner import run
+    from kvbench.run import run
 
     common = ["model=tiny-llama", "task.n_samples=32", "task.context_tokens=256", "gen.max_new_tokens=8",
               "policy=batch_max", "policy.kv_size=64", "policy.evict_every=16", "search.max_batch=true",
@@ -180,8 +181,8 @@ def test_account_probes_give_the_same_verdicts_as_real_ones(tmp_path):
 def test_a_cpu_search_says_the_accounted_budget_decided(tmp_path):
     """Case 10: on CPU, search.probe=real runs each probe but the accounted budget decides: the record says so."""
     cfg = _compose(*TINY)
-    budget = runner.load_model(cfg).weights_bytes * 1.001 / memory.GiB
-    record = runner.run(_compose(*TINY, "search.max_batch=true", "search.only=true", f"results_dir={tmp_path}",
+    budget = kvrun.models.load_model(cfg).weights_bytes * 1.001 / memory.GiB
+    record = kvrun.run(_compose(*TINY, "search.max_batch=true", "search.only=true", f"results_dir={tmp_path}",
                                  f"memory.budget_gb={budget}"))
     s = record["search"]
     assert (s["decided_by"], s["probe"]) == ("accounted", "real") and s["wall_s"] >= 0

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from hydra import compose, initialize_config_dir
 
-from kvbench import cli, runner
+from kvbench import cli
+from kvbench import run as kvrun
 from kvbench.config import CONF_DIR
 from kvbench.policies import H2O, BatchMax, Full
 from kvbench.serve import metrics
@@ -51,8 +52,8 @@ def _cfg(*overrides):
 
 
 def test_serve_limits_mode_writes_a_record_without_a_model(tmp_path, monkeypatch):
-    monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
-    rec = runner.run(_cfg("model=tiny-llama", "mode=serve_limits", "policy=full", "serve.num_blocks=64",
+    monkeypatch.setattr(kvrun.models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    rec = kvrun.run(_cfg("model=tiny-llama", "mode=serve_limits", "policy=full", "serve.num_blocks=64",
                           "task.n_samples=2", "task.context_tokens=16", "gen.max_new_tokens=8", f"results_dir={tmp_path}"))
     assert rec["status"] == "ok" and rec["mode"] == "serve_limits" and rec["prompts"]["tokens_max"] == 355
     assert rec["serve_limits"]["longest_generation"]["tokens"] == 64 * 16 - 355 + 1
@@ -62,7 +63,7 @@ def test_serve_limits_mode_writes_a_record_without_a_model(tmp_path, monkeypatch
 def test_openvino_preset_sets_its_areas_and_norm_sum(tmp_path):
     cfg = _cfg("model=tiny-llama", "mode=serve", "policy=h2o", "serve.eviction=openvino", "task.n_samples=1",
                "task.context_tokens=16", "gen.max_new_tokens=4", "serve.plot=false", f"results_dir={tmp_path}")
-    rec = runner.run(cfg)
+    rec = kvrun.run(cfg)
     assert rec["status"] == "ok" and rec["kv_size"] == 672
     p, s = rec["config"]["policy"], rec["config"]["serve"]
     assert (p["kv_size"], p["protect_first"], p["protect_recent"], p["schedule"], s["block_score"]) == (
@@ -81,7 +82,7 @@ def test_openvino_preset_sets_its_areas_and_norm_sum(tmp_path):
     ("mode=serve serve.limit_cap=0", "serve.limit_cap"),
 ])
 def test_bad_serve_values_stop_before_the_model(args, key, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(kvrun.models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     assert_one_line_exit_2(cli.main, [*args.split(), "model=tiny-llama", f"results_dir={tmp_path}"], capsys, key)
 
 

@@ -8,7 +8,8 @@ import textwrap
 
 import pytest
 
-from kvbench import cli, runner
+from kvbench import cli
+from kvbench import run as kvrun
 from kvbench.results import read_records
 
 TINY = ["model=tiny-llama", "task.n_samples=2", "task.context_tokens=32", "gen.max_new_tokens=2", "batch_size=2"]
@@ -17,14 +18,15 @@ SWEEP = ["-m", *TINY, "policy=full,window"]
 # The sweep in a child process that dies by SIGKILL (no cleanup, no record) when its second run starts.
 KILLED_ON_SECOND_RUN = textwrap.dedent("""
     import os, signal, sys
-    from kvbench import cli, runner
-    calls, execute = [], runner.execute
+    from kvbench import cli
+    from kvbench import run as kvrun
+    calls, execute = [], kvrun.static.execute
     def execute_then_die(*args, **kwargs):
         calls.append(1)
         if len(calls) == 2:
             os.kill(os.getpid(), signal.SIGKILL)
         return execute(*args, **kwargs)
-    runner.execute = execute_then_die
+    kvrun.static.execute = execute_then_die
     cli.main(sys.argv[1:])
 """)
 
@@ -55,20 +57,20 @@ def test_killed_sweep_resumes_without_duplicates(tmp_path):
 
 def test_failing_run_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch):
     args = [*SWEEP, f"results_dir={tmp_path}", f"hydra.sweep.dir={tmp_path / 'hydra'}"]
-    execute = runner.execute
+    execute = kvrun.static.execute
 
     def fail_full(cfg, *a, **k):
         if cfg.policy.kv_size is None:
             raise RuntimeError("boom in the full-cache run")
         return execute(cfg, *a, **k)
 
-    monkeypatch.setattr(runner, "execute", fail_full)
+    monkeypatch.setattr(kvrun.static, "execute", fail_full)
     cli.main(args)  # no SystemExit: a sweep goes on past a failed run
     err, ok = read_records(tmp_path)
     assert (err["policy"], err["status"], err["error"]) == ("full", "error", "RuntimeError: boom in the full-cache run")
     assert (ok["policy"], ok["status"]) == ("window", "ok")
 
-    monkeypatch.setattr(runner, "execute", execute)
+    monkeypatch.setattr(kvrun.static, "execute", execute)
     cli.main(args)  # the re-run retries the error only
     assert [r["policy"] for r in read_records(tmp_path)] == ["full", "window", "full"]
     assert sorted(r["policy"] for r in _ok(tmp_path)) == ["full", "window"]
@@ -104,12 +106,13 @@ def test_recorded_batch_size_is_the_one_that_ran(tmp_path, capsys):
 # The run in a child process that sends itself SIGTERM (as SLURM does) while generating.
 TERMINATED_WHILE_RUNNING = textwrap.dedent("""
     import os, signal, sys
-    from kvbench import cli, runner
-    execute = runner.execute
+    from kvbench import cli
+    from kvbench import run as kvrun
+    execute = kvrun.static.execute
     def execute_then_term(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGTERM)
         return execute(*args, **kwargs)
-    runner.execute = execute_then_term
+    kvrun.static.execute = execute_then_term
     cli.main(sys.argv[1:])
 """)
 
@@ -128,16 +131,17 @@ def test_sigterm_leaves_an_interrupted_record(tmp_path):
 TWIN = textwrap.dedent("""
     import os, sys, time
     from pathlib import Path
-    from kvbench import cli, runner
+    from kvbench import cli
+    from kvbench import run as kvrun
     barrier = Path(sys.argv[1])
     (barrier / str(os.getpid())).touch()
     while len(list(barrier.iterdir())) < 2:
         time.sleep(0.05)
-    execute = runner.execute
+    execute = kvrun.static.execute
     def slow_execute(*args, **kwargs):
         time.sleep(1.5)
         return execute(*args, **kwargs)
-    runner.execute = slow_execute
+    kvrun.static.execute = slow_execute
     cli.main(sys.argv[2:])
 """)
 
@@ -179,7 +183,7 @@ def test_sigterm_while_the_record_is_written_waits_for_it(tmp_path, monkeypatch)
         cfg = compose("config", overrides=[*TINY, f"results_dir={tmp_path}"])
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(SystemExit) as exc:
-        runner.run(cfg)
+        kvrun.run(cfg)
     assert exc.value.code == 143 and signal.getsignal(signal.SIGTERM) is before  # the handler is put back
     (rec,) = read_records(tmp_path)
     assert rec["status"] == "ok" and rec["metrics"]  # the finished run's record, whole

@@ -12,7 +12,8 @@ import sys
 import pytest
 from hydra import compose, initialize_config_dir
 
-from kvbench import cli, runner
+from kvbench import cli
+from kvbench import run as kvrun
 from kvbench.config import CONF_DIR, build_task, prepare
 from kvbench.errors import ConfigError
 from kvbench.results import read_jsonl, read_records
@@ -194,7 +195,7 @@ def test_cli_rejects_too_many_samples_before_loading_a_model(tmp_path, monkeypat
     def refuse(*a, **k):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr(runner, "load_model", refuse)
+    monkeypatch.setattr(kvrun.models, "load_model", refuse)
     root = write_mirror(tmp_path / "data")
     with pytest.raises(SystemExit) as exc:
         cli.main(["task=narrativeqa", "task.n_samples=13", f"data.dir={root}", f"results_dir={tmp_path}"])
@@ -467,7 +468,7 @@ def test_run_on_a_tiny_model_writes_recomputable_metrics(name, tmp_path):
     cfg = run_cfg(f"task={name}", "model=tiny-llama", f"data.dir={root}", f"results_dir={tmp_path}",
                   "task.n_samples=3", "task.n_shot=1", "task.max_input_tokens=3000", "batch_size=2",
                   "gen.max_new_tokens=6", "gen.ignore_eos=true")
-    record = runner.run(cfg)
+    record = kvrun.run(cfg)
     assert record["status"] == "ok", record["error"]
     assert read_records(tmp_path)[-1]["run_id"] == record["run_id"]
     assert record["prompts"]["n"] == 3 and record["prompts"]["tokens_max"] <= 3000
@@ -484,7 +485,7 @@ def test_smollm2_on_the_shared_mirror(name, max_new, tmp_path):
         pytest.skip("no ../shared/data mirror")
     cfg = run_cfg("model=smollm2-135m", f"task={name}", "task.n_samples=4", f"data.dir={root}",
                   f"results_dir={tmp_path}", f"gen.max_new_tokens={max_new}", "batch_size=4")
-    record = runner.run(cfg)
+    record = kvrun.run(cfg)
     assert record["status"] == "ok", record["error"]
     assert_metrics_recomputable(record, build_task(cfg))
 
@@ -519,7 +520,7 @@ def test_bad_data_is_one_line_naming_file_and_line_before_any_model(how, problem
     def refuse(*a, **k):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr(runner, "load_model", refuse)
+    monkeypatch.setattr(kvrun.models, "load_model", refuse)
     root = write_mirror(tmp_path / "data")
     path, line = _damage(root, how)
     data._read_mirror.cache_clear()

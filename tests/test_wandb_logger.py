@@ -7,7 +7,8 @@ import time
 import pytest
 from hydra import compose, initialize_config_dir
 
-from kvbench import runner, wandb_logger
+from kvbench import run as kvrun
+from kvbench import wandb_logger
 from kvbench.config import CONF_DIR
 from kvbench.results import read_records
 
@@ -28,7 +29,7 @@ def no_wandb_account(monkeypatch, tmp_path):
 def _run(tmp_path, *extra):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[*TINY, f"results_dir={tmp_path / 'results'}", *extra])
-    return runner.run(cfg)
+    return kvrun.run(cfg)
 
 
 def _records(path):
