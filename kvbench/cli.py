@@ -151,7 +151,7 @@ def check_knobs(knobs: list[str], cfgs: list) -> set[str]:
 
 
 def _hydra_entry() -> None:
-    """The Hydra app on sys.argv: each job runs (`kvbench.runner.run`) and prints its summary line."""
+    """The Hydra app on sys.argv: each job runs (`kvbench.run.run`) and prints its summary line."""
     import hydra
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode

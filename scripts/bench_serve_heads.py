@@ -23,7 +23,7 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from kvbench import runner
+from kvbench import run as kvrun
 from kvbench.config import CONF_DIR
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -72,7 +72,7 @@ def main() -> None:
         for variant in args.variants.split(","):
             with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
                 cfg = compose("config", overrides=overrides(task, variant, args))
-            rec = runner.run(cfg)
+            rec = kvrun.run(cfg)
             if rec["status"] != "ok":
                 raise SystemExit(f"{task} {variant}: {rec['status']} {rec.get('error')}")
             got[variant] = {"run_id": rec["run_id"], **summary(rec, TASKS[task][1])}

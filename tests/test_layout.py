@@ -72,7 +72,7 @@ def test_the_cycle_check_sees_a_circle():
 
 def test_serve_and_runner_do_not_reach_into_each_other():
     graph = imports()
-    assert not any(d == "kvbench.runner" for m, deps in graph.items() if m.startswith("kvbench.serve") for d in deps)
+    assert not any(d == "kvbench.run" or d.startswith("kvbench.run.") for m, deps in graph.items() if m.startswith("kvbench.serve") for d in deps)
     assert not any(d.startswith("kvbench.engine") for m, deps in graph.items() if m.startswith("kvbench.serve")
                    for d in deps)
 
@@ -86,9 +86,7 @@ def test_the_cache_rooms_are_small():
 
 
 MAX_LINES, MAX_CLASS_LINES = 250, 150
-KNOWN_OVER = {  # path relative to kvbench/ (a class: "path::Class") -> its size when listed
-    "config.py": 466, "plan.py": 391, "runner.py": 472,
-}
+KNOWN_OVER: dict[str, int] = {}  # path relative to kvbench/ (a class: "path::Class") -> its size when listed (empty: keep it so)
 
 
 def sizes() -> dict[str, int]:

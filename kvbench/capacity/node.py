@@ -71,5 +71,5 @@ def node_of(cfg: DictConfig) -> Node:
 
 def check(cfg: DictConfig) -> None:
     """The node a plan describes (no model, no tokenizer): ConfigError naming the key. The plan.* keys'
-    own values are checked by kvbench.config.validate, for every command alike."""
+    own values are checked by kvbench.config.prepare, for every command alike."""
     node_of(cfg)

@@ -1,6 +1,6 @@
 """The prompt lengths a capacity plan is made for: the task's real ones, or `plan.prompt_tokens` for each.
 
-The real lengths are the preflight's (`kvbench.preflight.prompt_lengths`: the task's samples rendered
+The real lengths are the preflight's (`kvbench.config.preflight.prompt_lengths`: the task's samples rendered
 with the model's tokenizer alone, cached per process), so the plan and a run's preflight count the same
 tokens. The paper's models' tokenizers are on the Hub only: offline, the plan needs `plan.prompt_tokens`
 (the worst case, every prompt that long), and a tokenizer or data that cannot be had names that key.
@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from kvbench import preflight
-from kvbench.config import build_task
+from kvbench.config import build_task, preflight
 from kvbench.errors import ConfigError
 
 

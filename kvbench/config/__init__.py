@@ -18,7 +18,7 @@ single module had.
 """
 
 from kvbench.config.candidates import DIVISORS_OF_960, search_candidates
-from kvbench.config.checks import check_config, prepare, validate
+from kvbench.config.checks import check_config, prepare
 from kvbench.config.groups import build_policy, build_task, drop_inapplicable, policy_defaults, policy_key_use
 from kvbench.config.presets import H2O_DEFAULTS, SERVE_PRESETS, apply_presets, preset_refusal, with_presets
 from kvbench.config.prompts import prompt_token_lengths
@@ -45,6 +45,6 @@ __all__ = [
     "SERVE_PRESETS", "DataConfig", "GenConfig", "MemoryConfig", "OutputConfig", "PlanConfig", "ReproduceConfig",
     "RootConfig", "SearchConfig", "ServeConfig", "apply_presets", "build_policy", "build_task", "check_config",
     "config_hash", "device_kind", "drop_inapplicable", "identity", "policy_defaults", "policy_key_use",
-    "prepare", "preset_refusal", "prompt_token_lengths", "record_hash", "register_schema", "search_candidates", "validate",
+    "prepare", "preset_refusal", "prompt_token_lengths", "record_hash", "register_schema", "search_candidates",
     "with_presets",
 ]

@@ -35,7 +35,6 @@ def prepare(cfg: DictConfig) -> None:
     check_config(cfg)
 
 
-validate = prepare  # deprecated (issue 35): the old name, which changes cfg; use prepare. To be removed.
 
 
 def check_config(cfg: DictConfig) -> None:

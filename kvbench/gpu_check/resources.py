@@ -79,15 +79,16 @@ def check_syncs(args) -> list[dict]:
 
 def check_search_and_two_batches(args, tmp, base: Sequence[str] = GPU) -> list[dict]:
     """`base`: the model and device overrides (the GPU's; tests run the same glue on a tiny CPU model)."""
-    from kvbench import memory, runner, search
+    from kvbench import memory, search
     from kvbench.config import build_policy, build_task, search_candidates
+    from kvbench.run.models import load_model
 
     n_samples = search_samples(args.budget_batch)  # the search caps its candidates at the sample count
     common = [*base, "task=passkey", f"task.context_tokens={args.prompt_tokens}",
               f"task.n_samples={n_samples}", f"gen.max_new_tokens={args.new_tokens}", "gen.ignore_eos=true",
               "policy=full", "search.candidates=divisors_of_960", f"search.max={SEARCH_MAX}", f"results_dir={tmp}"]
     cfg = compose(*common)
-    lm = runner.load_model(cfg)
+    lm = load_model(cfg)
     task, policy = build_task(cfg), build_policy(cfg)
     ids = [task.encode(lm.tokenizer, s.prompt) for s in task.samples(lm.tokenizer)]
     candidates = search_candidates(cfg)
@@ -109,10 +110,10 @@ def check_search_and_two_batches(args, tmp, base: Sequence[str] = GPU) -> list[d
 
 
 def _search_and_two_batches(common, lm, memory_limit_gb, candidates, predicted, predicted_b0) -> list[dict]:
-    from kvbench import runner
+    from kvbench import run as kvrun
 
     limit = f"memory.budget_gb={memory_limit_gb}"
-    rec = runner.run(compose(*common, "search.max_batch=true", "search.only=true", limit), lm=lm)
+    rec = kvrun.run(compose(*common, "search.max_batch=true", "search.only=true", limit), lm=lm)
     s = rec.get("search") or {}
     leaked = [t["leaked_bytes"] for t in s.get("trials", []) if t["status"] == "oom"]
     out = [{"check": "search", "budget_gb": round(memory_limit_gb, 4),
@@ -122,7 +123,7 @@ def _search_and_two_batches(common, lm, memory_limit_gb, candidates, predicted, 
     b = s.get("max_batch_size")
     statuses = []
     if b:
-        run = runner.run(compose(*[c for c in common if not c.startswith("task.n_samples")], f"task.n_samples={2 * b}",
+        run = kvrun.run(compose(*[c for c in common if not c.startswith("task.n_samples")], f"task.n_samples={2 * b}",
                                  f"batch_size={b}", limit), lm=lm)
         statuses = [run["status"]]
     out.append({"check": "two_batches", "batch_size": b, **runs_check(statuses)})

@@ -124,18 +124,18 @@ def check_device_map(args, tmp) -> list[dict]:
     import torch
     from accelerate import dispatch_model
 
-    from kvbench import runner
+    from kvbench import run as kvrun
     from kvbench.results import read_jsonl
 
     n = torch.cuda.device_count()
     common = ["device=cuda", "model.dtype=float16", "task=passkey", "task.context_tokens=512", "task.n_samples=4",
               "batch_size=4", f"gen.max_new_tokens={args.new_tokens}", "policy=batch_max", "policy.kv_size=256"]
-    one = runner.run(compose(*common, f"results_dir={tmp}/one"))
+    one = kvrun.run(compose(*common, f"results_dir={tmp}/one"))
     lm = load("float16")
     lm.model.to("cpu")
     dm = split_device_map(len(lm.model.get_decoder().layers), n, hasattr(lm.model.get_decoder(), "rotary_emb"))
     lm.model = dispatch_model(lm.model, device_map=dm)
-    split = runner.run(compose(*common, f"results_dir={tmp}/split"), lm=lm)
+    split = kvrun.run(compose(*common, f"results_dir={tmp}/split"), lm=lm)
     tokens = [[row["token_ids"] for row in read_jsonl(r["predictions_path"])] if r.get("predictions_path") else []
               for r in (one, split)]
     r = device_map_check(tokens[0], tokens[1], split.get("peak_mem_bytes_per_device"))

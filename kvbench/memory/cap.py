@@ -2,7 +2,7 @@
 
 `torch.cuda.set_per_process_memory_fraction` makes an allocation beyond the limit fail in the allocator
 itself, so on CUDA an out-of-memory is measured, never accounted. The cap is per process and outlives a
-run: every run sets its own as it loads its model (`kvbench.runner.load_within`; no limit lifts it), and
+run: every run sets its own as it loads its model (`kvbench.run.models.load_within`; no limit lifts it), and
 kvbench-gpu-check lifts it after its capped search (`apply_cuda_cap(None)`).
 """
 

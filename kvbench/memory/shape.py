@@ -4,7 +4,7 @@
 windows, sinks or soft-capping) and the parameters where they live (bytes per device, decoder layers per
 device, accelerate's offloaded layers). It is the only part of kvbench.memory that looks at a model; the
 account (`kvbench.memory.accounting`) is arithmetic on this shape, which is why the capacity planner can take it
-from a model built on the meta device (no weights) and place its layers itself (`kvbench.plan.placed_shape`).
+from a model built on the meta device (no weights) and place its layers itself (`kvbench.capacity.placed_shape`).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ own `scaling` (Gemma's `query_pre_attn_scalar`), which transformers passes to th
 
 A family not in `FAMILIES`, or a config using a feature kvbench does not implement (chunked or
 bidirectional attention, an unknown layer type), is refused by `refusal` with one line naming the family
-and why, before any weight loads (kvbench.preflight, the loaders, and `kvbench.generate`).
+and why, before any weight loads (kvbench.config.preflight, the loaders, and `kvbench.generate`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One run's life cycle: check, build, claim, load, run its mode, record whatever happened.
 
-Before anything loads, `prepare` and `kvbench.preflight` check everything that needs no model. Then the
+Before anything loads, `prepare` and `kvbench.config.preflight` check everything that needs no model. Then the
 record is written whatever happens (status "ok", "oom", "error" or "interrupted"), predictions first
 (kvbench.run.store), so a crash or an OOM in one run of a sweep loses nothing already written. One
 exception: bad input found only once the model is loaded (a ConfigError, e.g. `ModelDoesNotFit`: a memory
@@ -16,8 +16,8 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from kvbench import memory, preflight, results
-from kvbench.config import build_policy, build_task, drop_inapplicable, prepare
+from kvbench import memory, results
+from kvbench.config import build_policy, build_task, drop_inapplicable, preflight, prepare
 from kvbench.errors import ConfigError
 from kvbench.memory import is_oom
 from kvbench.models import family

@@ -15,5 +15,5 @@ One idea per file, nano-vllm style:
     engine.py     the loop: arrivals -> schedule -> run -> sample -> finish; timeline and timings
     workload.py   requests from a task's prompts, seeded Poisson arrivals
     metrics.py    requests/s, tok/s, TTFT/TPOT percentiles, the utilisation plot
-    run.py        one serve run -> one record (`mode: serve`), called by kvbench.runner
+    run.py        one serve run -> one record (`mode: serve`), called by kvbench.run
 """

@@ -32,7 +32,7 @@ class ModelRunner:
                  rotate: bool = False, per_head: bool = False):
         geo = model_geometry(model)
         k = kinds(model.config)
-        if not k.plain:  # kvbench.preflight refuses it first on the command line
+        if not k.plain:  # kvbench.config.preflight refuses it first on the command line
             raise ConfigError("mode", f"serve mode runs full attention only; model family {k.family!r} has "
                               f"{k.describe()} (run it with mode=run)", "serve")
         devices = set(geo["layer_devices"])

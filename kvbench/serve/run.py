@@ -1,6 +1,6 @@
 """One serve run (`kvbench mode=serve`): tokenised task samples -> requests -> engine -> one record.
 
-Called by `kvbench.runner.run` after the model, task and policy are built; fills the record
+Called by `kvbench.run.run` after the model, task and policy are built; fills the record
 (`mode: serve`, the task metric over completed requests with the task's own scorers, the serving
 metrics under `serve`) and returns the prediction rows (with each request's timings). What the static
 engine's fields would claim and serve mode does not apply stays null (`batch_size`: the scheduler
@@ -112,7 +112,7 @@ def execute(cfg: DictConfig, record: dict, lm, policy, task, samples, ids, budge
 def execute_limits(cfg: DictConfig, record: dict, lm, policy, task, samples, ids, budget=None) -> list[dict]:
     """mode=serve_limits: OpenVINO's two limit checks (kvbench.serve.limits) on the task's prompt lengths,
     for this pool, policy and schedule; no model is loaded (`lm`, `samples` and `ids` are None)."""
-    from kvbench.preflight import model_config, prompt_lengths
+    from kvbench.config.preflight import model_config, prompt_lengths
     from kvbench.serve.evict import BlockRule
     from kvbench.serve.limits import Pool, fewest_sequences_to_fill, limits_shape, longest_generation
 

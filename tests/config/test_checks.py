@@ -28,7 +28,7 @@ def _cfg(*overrides):
 def _prepared_line(*overrides) -> str | None:
     """The line `prepare` refuses the config with (the deprecated `validate` where prepare is not yet)."""
     try:
-        getattr(config, "prepare", config.validate)(_cfg(*overrides))
+        config.prepare(_cfg(*overrides))
     except ConfigError as e:
         return str(e)
     return None
@@ -85,7 +85,3 @@ def test_presets_are_accepted_and_refused_as_before(overrides, line):
         with pytest.raises(ConfigError) as e:
             config.check_config(cfg)
         assert str(e.value) == line
-
-
-def test_validate_is_the_deprecated_name_of_prepare():
-    assert config.validate is config.prepare
