@@ -34,7 +34,7 @@ test-slow: install ## the slower tests on the real default model
 	$(BIN)/python -m pytest -q -m slow
 
 test-matrix: install ## every combination of the documented options (the full product, 41,472 combinations: hours on 2 cores, outside CI)
-	KVBENCH_MATRIX=full $(BIN)/python -m pytest -q tests/test_config_matrix.py
+	KVBENCH_MATRIX=full $(BIN)/python -m pytest -q tests/project/test_config_matrix.py
 
 wheel-check: install ## build the wheel, check it, install it in a throwaway venv and run kvbench from outside the checkout (CI)
 	scripts/wheel_check.sh

@@ -13,7 +13,7 @@ plan is a lower bound on b.
 
 Prints one JSON line per setting and appends it, with its `provenance` (command, commit, start time, load
 average), to OUT/plan_vs_paper.jsonl; writes OUT/plan_vs_paper.md and appends the plan records to
-OUT/runs.jsonl. `tests/test_docs_figures.py` renders the docs' table from OUT/plan_vs_paper.jsonl and re-plans
+OUT/runs.jsonl. `tests/project/test_docs_figures.py` renders the docs' table from OUT/plan_vs_paper.jsonl and re-plans
 a setting to check the record still holds for today's code.
 """
 

@@ -1,6 +1,6 @@
 """What made a benchmark's JSON line: the command, the commit, the time and the machine's load.
 
-Every figure in the docs is recomputed from a committed record (`tests/test_docs_figures.py`), so
+Every figure in the docs is recomputed from a committed record (`tests/project/test_docs_figures.py`), so
 each benchmark under `scripts/` appends its line, with these fields, to a file under `results/` by
 default (`--out`; `--out ''` only prints it). On a shared machine the load average is the one
 number that says how far a timing can be trusted, so it is taken before and after the run.

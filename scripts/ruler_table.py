@@ -5,7 +5,7 @@
 One row per (context length, query-aware, method, schedule, compression ratio): the mean RULER score
 (string_match_all) with its 95% bootstrap interval, its paired difference to the full cache of the same
 context length (same samples), tokens/s and the run's batch size. Prints one JSON line (rows written).
-tests/test_long_context_results.py recomputes the committed table from the committed records.
+tests/project/test_long_context_results.py recomputes the committed table from the committed records.
 """
 
 from __future__ import annotations

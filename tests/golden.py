@@ -6,7 +6,7 @@ rebuilt, so a refactor can show it changed nothing.
   mode run or serve: its command line, its `config_hash` and every sample's generated token ids;
 - for every combination refused by the preflight outside serve mode: the one line it printed;
 - the `config_hash` of every run `make demo` composes (passkey and CNN/DM).
-tests/test_golden.py replays the command lines and compares. Keys are the command lines, not the combos'
+tests/project/test_golden.py replays the command lines and compares. Keys are the command lines, not the combos'
 ids, so adding an axis to the matrix does not orphan the snapshot. The mirror lives at a fixed path
 (`MIRROR`), because `data.dir` is part of a run's identity.
 """

@@ -10,7 +10,7 @@ For each combination exactly one outcome is allowed, and `refusal` says which, f
 rules alone (docs: "What is refused, and why"):
 - refused by the preflight, before any model loads: exit 2, one line naming one of the keys `refusal`
   gives;
-- or a run whose record is true (tests/test_config_matrix.py checks it against spies on what ran).
+- or a run whose record is true (tests/project/test_config_matrix.py checks it against spies on what ran).
 
 Sweeps over policies (`SWEEPS`): one policy key applies to the policies of a sweep that use it (`uses`, from
 the docs' table of keys: full uses none, extreme_decode fixes its budget kind, p and schedule, a policy's

@@ -11,7 +11,7 @@ so nested or successive runs never inherit another run's backend. Registering th
 changes no model, so it is not undone.
 
 The kernels and the statistics pass are looked up through their modules at call time (`sdpa.sdpa_attention`,
-`stats.attention_stats`, ...), so a test or a benchmark that wraps one of them (tests/test_config_matrix.py's
+`stats.attention_stats`, ...), so a test or a benchmark that wraps one of them (tests/project/test_config_matrix.py's
 Spy, scripts/bench_eviction.py's timers) sees every call.
 """
 

@@ -4,7 +4,7 @@ After an eviction compacts the kept pairs to slots [0, keep), each kept key is s
 (`k_src`, rotated by the model at its write slot `rot`) rotated by (new slot - rot), in float32 (float64
 for float64 keys) and rounded once: a key is never rotated again from an already rounded rotation, so in
 half precision the error does not compound over evictions (rotating the cached key itself lost 7.6% in
-bfloat16 after 64 evictions, 58% after 512; tests/test_rerotate_half.py). New tokens are rotated at their
+bfloat16 after 64 evictions, 58% after 512; tests/cache/test_rotate_half.py). New tokens are rotated at their
 slots, i.e. continue from the kept count. A SnapKV window's kept queries follow the newest pairs.
 """
 

@@ -44,7 +44,7 @@ from kvbench.engine.evictions import compress_context, evict_before_forward
 from kvbench.engine.loop import EOS_CHECK_EVERY, generate_batch
 from kvbench.engine.output import GenerationOutput
 
-# names before issue 35 (kvbench.continuation, tests/test_config_matrix.py import them)
+# names before issue 35 (kvbench.continuation, tests/project/test_config_matrix.py import them)
 _Batch, _evict_if_needed, _compress_context = Batch, evict_before_forward, compress_context
 
 __all__ = ["EOS_CHECK_EVERY", "Batch", "GenerationOutput", "compress_context", "encode", "eos_ids",

@@ -35,12 +35,12 @@ Checks (`"check"` in each line), in this order (estimated 5-10 minutes on one H1
   device_map    (>= 2 GPUs) the layers split over the GPUs give the same tokens as one GPU, with a peak
                 per device in the run record.
 
-Modules: `checks` (the verdicts: pure functions of measured numbers, tested on CPU in tests/test_gpu_check.py),
+Modules: `checks` (the verdicts: pure functions of measured numbers, tested on CPU in tests/gpu_check/test_checks.py),
 `fixtures` (the model, prompts, configs and the `model.generate` reference), `tokens` (parity, serve, offload,
 device map), `resources` (memory, syncs, the search; its glue is run on a tiny CPU model with the default
 arguments by the tests), `cli` (arguments, the order of the checks, the exit code). The CUDA-only glue has
 not run on a GPU (no GPU was lent to this work; the contracts it relies on are tested on CPU in
-tests/test_gpu_contracts.py).
+tests/attention/test_gpu_contracts.py).
 
     kvbench-gpu-check [--budget-batch 24] [--prompt-tokens 1024] [--new-tokens 32]
 """

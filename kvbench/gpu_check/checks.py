@@ -2,7 +2,7 @@
 
 Each returns a dict with "ok" and the figures it judged, which the glue (`kvbench.gpu_check.tokens`,
 `kvbench.gpu_check.resources`) prints as one JSON line. Nothing here touches a GPU, so every verdict is
-tested on CPU with made-up figures (tests/test_gpu_check.py).
+tested on CPU with made-up figures (tests/gpu_check/test_checks.py).
 """
 
 from __future__ import annotations

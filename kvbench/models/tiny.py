@@ -1,7 +1,7 @@
 """Tiny random-weight models of every family kvbench runs, with a byte-level tokenizer built in code.
 
 For tests and smoke runs: nothing is downloaded. `llama` (GQA) and `phi3` are the models most tests use;
-the other archs (`FAMILY_ARCHS`) are the family matrix's (tests/test_families.py): windows of 16-24
+the other archs (`FAMILY_ARCHS`) are the family matrix's (tests/models/test_family.py): windows of 16-24
 tokens, so prompts of 60-80 tokens cross them. The tokenizer maps UTF-8 bytes to ids 0-255 and
 has ChatML special tokens and a chat template, so chat-style prompts work like on real models.
 """
@@ -97,7 +97,7 @@ FAMILY_ARCHS = {
                                 layer_types=["sliding_attention", "full_attention"], rope_parameters=dict(
                                     rope_type="yarn", rope_theta=150000.0, factor=2.0, beta_fast=32.0, beta_slow=1.0,
                                     original_max_position_embeddings=4096))),
-    # families kvbench refuses (tests/test_families.py checks the refusal): an MoE family never checked against
+    # families kvbench refuses (tests/models/test_family.py checks the refusal): an MoE family never checked against
     # transformers, and Gemma 3 with bidirectional attention
     "qwen3-moe": ("qwen3_moe", dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)),
     "gemma3-bidirectional": ("gemma3_text", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16,

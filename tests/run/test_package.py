@@ -8,7 +8,7 @@ import ast
 
 import pytest
 
-from tests.test_layout import PKG, imports
+from tests.project.test_layout import PKG, imports
 
 ROOMS = [p for room in ("run", "capacity") for p in sorted((PKG / room).glob("*.py"))]
 

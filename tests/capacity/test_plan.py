@@ -19,7 +19,7 @@ from kvbench.config import CONF_DIR, build_policy, build_task
 from kvbench.models import hub_spec
 from kvbench.results import read_records
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ["model=tiny-llama", "task.n_samples=8", "task.context_tokens=40", "gen.max_new_tokens=4",
         "policy=batch_max", "policy.kv_size=32", "policy.evict_every=8", "search.candidates=[1,2,3,4,6,8,12,16]",
         "device=cpu"]

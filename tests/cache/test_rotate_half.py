@@ -18,7 +18,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 
 from kvbench.cache import KVCache
 from kvbench.policies import Window
-from tests.test_docs_figures import states
+from tests.project.test_docs_figures import states
 
 H, D, CAP, EVICTIONS = 2, 64, 600, 512
 
@@ -39,7 +39,7 @@ def rotated(emb, k_pre: torch.Tensor, positions: torch.Tensor, dtype) -> torch.T
 
 def relative_key_error(dtype) -> float:
     """Mean relative error of the cached keys after the 512 evictions against keys computed afresh
-    (docs/matrix.md quotes it; tests/test_docs_figures.py recomputes it)."""
+    (docs/matrix.md quotes it; tests/project/test_docs_figures.py recomputes it)."""
     torch.manual_seed(0)
     emb = rope(dtype)
     k_pre = torch.randn(H, CAP + EVICTIONS, D)  # the key of source position p, before RoPE
@@ -69,5 +69,5 @@ def relative_key_error(dtype) -> float:
 def test_512_evictions_do_not_compound(dtype):
     rel = relative_key_error(dtype)
     assert rel < 0.01, rel
-    # docs/matrix.md quotes this error; checked here, where it is computed anyway (tests/test_docs_figures.py)
+    # docs/matrix.md quotes this error; checked here, where it is computed anyway (tests/project/test_docs_figures.py)
     states("docs/matrix.md", f"{rel:.2%} {'in bfloat16 and' if dtype == torch.bfloat16 else 'in float16.'}")

@@ -15,7 +15,7 @@ from kvbench.cache import KVCache
 from kvbench.engine import generate
 from kvbench.policies import H2O, TOVA, BatchMax, ExtremeDecode, Full, Window
 from tests.conftest import SMOLLM2_TEXTS, load_smollm2, random_prompts
-from tests.test_scored_policies import PROMPTS, PerSample, pid
+from tests.policies.test_scored import PROMPTS, PerSample, pid
 
 NEW = 24
 

@@ -19,7 +19,7 @@ from kvbench.policies import registry
 from kvbench.report.rows import METRICS
 from kvbench.tasks import TASKS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COMMON = ("_target_", *OmegaConf.load(CONF_DIR / "base" / "policy.yaml"))  # the keys every policy shares
 
 

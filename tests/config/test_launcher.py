@@ -18,7 +18,7 @@ from kvbench import cli
 from kvbench.config import CONF_DIR
 from kvbench.results import read_records
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _has_plugin() -> bool:

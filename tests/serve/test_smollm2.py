@@ -13,7 +13,7 @@ from kvbench.engine import generate
 from kvbench.policies import Full
 from kvbench.serve.engine import serve
 from kvbench.serve.request import Request
-from tests.test_eviction_smollm2 import lm, text_prompts  # noqa: F401 (the module-scoped model fixture)
+from tests.engine.test_smollm2 import lm, text_prompts  # noqa: F401 (the module-scoped model fixture)
 
 pytestmark = pytest.mark.slow
 

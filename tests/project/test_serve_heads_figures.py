@@ -3,7 +3,7 @@ written by scripts/bench_serve_heads.py) and its records (results/serve_heads/ru
 
 from __future__ import annotations
 
-from tests.test_docs_figures import lines, row, states
+from tests.project.test_docs_figures import lines, row, states
 
 DOC = "docs/serving-heads.md"
 NAMES = {"cnndm": "CNN/DM", "passkey": "passkey"}

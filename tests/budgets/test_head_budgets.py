@@ -11,7 +11,7 @@ import torch
 from kvbench import memory
 from kvbench.engine import generate
 from kvbench.policies import H2O, Knorm, SnapKV
-from tests.test_scored_policies import NEW, PROMPTS, reference, spec_of
+from tests.policies.test_scored import NEW, PROMPTS, reference, spec_of
 
 AP = "after_prefill"
 POLICIES = [

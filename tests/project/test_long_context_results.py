@@ -10,7 +10,7 @@ from pathlib import Path
 from kvbench.report import heatmap
 from kvbench.results import read_records
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _script():

@@ -16,7 +16,7 @@ from kvbench.policies import TOVA, KeyDiff, Knorm, Random, SnapKV, StreamingLLM
 from kvbench.policies.random import mix
 from tests import reference as R
 from tests.conftest import random_prompts
-from tests.test_scored_policies import (
+from tests.policies.test_scored import (
     NEW,
     PROMPTS,
     assert_engine_matches_reference,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ["-m", "kvbench.gpu_check"]  # what the console script kvbench-gpu-check runs
 
 

@@ -25,7 +25,7 @@ from kvbench import engine  # noqa: E402
 from kvbench.lmeval import ROLLING_REFUSED, KVBenchLM, main  # noqa: E402
 from kvbench.policies import Full  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "tests" / "data" / "lm_eval"
 
 

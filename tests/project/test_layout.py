@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parent.parent / "kvbench"
+PKG = Path(__file__).resolve().parents[2] / "kvbench"
 
 
 def module_name(path: Path) -> str:

@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "results").glob("*/README.md")),
          ROOT / "results" / "README.md"]
 SHARED_DATA = "../shared/data"  # relative to the checkout, as the docs write it
@@ -143,7 +143,7 @@ def data_dir(tmp_path_factory) -> str:
     """The mirror `data.dir=../shared/data` names: the real one next to the checkout, else a tiny one."""
     if (ROOT / SHARED_DATA).is_dir():
         return SHARED_DATA
-    from tests.test_tasks import cnndm_rows, gsm8k_rows, narrativeqa_rows, write_jsonl, write_mirror
+    from tests.tasks.test_fewshot import cnndm_rows, gsm8k_rows, narrativeqa_rows, write_jsonl, write_mirror
 
     root = write_mirror(tmp_path_factory.mktemp("data"))
     for folder, rows in (("cnn_dailymail", cnndm_rows("test", 32)), ("narrativeqa", narrativeqa_rows("test", 16)),

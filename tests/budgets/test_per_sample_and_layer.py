@@ -20,7 +20,7 @@ from kvbench.engine import generate
 from kvbench.errors import ConfigError
 from kvbench.policies import H2O, BatchMax, PyramidKV, SnapKV, StreamingLLM
 from tests.conftest import random_prompts
-from tests.test_scored_policies import NEW, PROMPTS, assert_traces_match, reference, spec_of
+from tests.policies.test_scored import NEW, PROMPTS, assert_traces_match, reference, spec_of
 
 RATIO_POLICIES = [
     BatchMax(kv_ratio=0.5, evict_every=4),  # prefill_and_decode

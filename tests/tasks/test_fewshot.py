@@ -458,7 +458,7 @@ def assert_metrics_recomputable(record, task):
     for row in rows:
         assert row["score"] == task.score(task.extract(row["prediction"]), row["references"])
     means = {k: sum(r["score"][k] for r in rows) / len(rows) for k in rows[0]["score"]}
-    point = {k: v for k, v in record["metrics"].items() if not k.endswith("_ci")}  # the intervals: tests/test_stats.py
+    point = {k: v for k, v in record["metrics"].items() if not k.endswith("_ci")}  # the intervals: tests/core/test_stats.py
     assert point == pytest.approx(means) and task.metric in record["metrics"]
 
 
@@ -480,7 +480,7 @@ def test_run_on_a_tiny_model_writes_recomputable_metrics(name, tmp_path):
 def test_smollm2_on_the_shared_mirror(name, max_new, tmp_path):
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2] / "shared" / "data"
+    root = Path(__file__).resolve().parents[3] / "shared" / "data"
     if not root.is_dir():
         pytest.skip("no ../shared/data mirror")
     cfg = run_cfg("model=smollm2-135m", f"task={name}", "task.n_samples=4", f"data.dir={root}",

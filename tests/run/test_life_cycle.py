@@ -101,7 +101,7 @@ def test_hub_model_not_cached_offline_is_one_line_at_once(tmp_path, capsys, monk
 def test_plan_with_an_unknown_model_is_one_line(tmp_path):
     # the real command in its own process: in process, Hydra's error path wrote to a stream an earlier test's
     # capture had closed, which killed the interpreter ("lost sys.stderr") when the paper's plans ran first
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     out = subprocess.run([sys.executable, "-m", "kvbench.capacity", "model=llama2-13b-chat", "model.pretrained=nobody/nothing",
                           "plan.prompt_tokens=100", "memory.budget_gb=10", f"results_dir={tmp_path}"],
                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)

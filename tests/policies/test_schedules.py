@@ -22,9 +22,9 @@ from kvbench.policies import (
     StreamingLLM,
     Window,
 )
+from tests.budgets.test_per_sample_and_layer import run
 from tests.conftest import random_prompts
-from tests.test_budgets import run
-from tests.test_scored_policies import NEW, PROMPTS, assert_traces_match, reference, spec_of
+from tests.policies.test_scored import NEW, PROMPTS, assert_traces_match, reference, spec_of
 
 AP = "after_prefill"
 POLICIES = [
@@ -101,7 +101,7 @@ def test_budgets_capacity_and_record_fields():
 def test_account_matches_the_allocation(tiny_llama, policy):
     from kvbench.attention import kv_attention
     from kvbench.engine import generate_batch
-    from tests.test_memory import AllocatedBytes
+    from tests.memory.test_account import AllocatedBytes
 
     lengths = (90, 70, 40)
     ids = random_prompts(lengths, seed=3)

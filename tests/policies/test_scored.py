@@ -183,7 +183,7 @@ def test_every_registered_policy_matches_its_reference_rule(name, tiny_llama):
         assert tokens == [reference("llama", tuple(p), None).tokens for p in PROMPTS]
         return
     if type(policy).layer_budgets is not Policy.layer_budgets:
-        pytest.skip("budgets that differ by layer and prompt: tests/test_budgets.py checks them")
+        pytest.skip("budgets that differ by layer and prompt: tests/budgets/test_per_sample_and_layer.py checks them")
     refs = [reference("llama", tuple(p), spec_of(policy)) for p in PROMPTS]
     assert_traces_match(refs, *run_engine(tiny_llama, PROMPTS, policy, 4)[:3])
 

@@ -11,8 +11,8 @@ from kvbench.policies import H2O, BatchMax, Window
 from kvbench.serve import model_runner as runner_mod
 from kvbench.serve.engine import serve
 from kvbench.serve.request import Request
+from tests.cache.test_rotate import fresh_keys
 from tests.conftest import random_prompts
-from tests.test_rerotate import fresh_keys
 
 
 def run(lm, policy, monkeypatch):

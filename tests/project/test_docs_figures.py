@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "results"
 
 
@@ -526,7 +526,7 @@ def test_crosscheck_table_and_prose():
 
 # ------------------------------------------------------------------------------------ docs/matrix.md
 def test_matrix_counts():
-    """(The re-rotation errors docs/matrix.md quotes are checked by tests/test_rerotate_half.py, which computes them.)"""
+    """(The re-rotation errors docs/matrix.md quotes are checked by tests/cache/test_rotate_half.py, which computes them.)"""
     from tests.matrix import pairwise, product, refusal
 
     full = product()

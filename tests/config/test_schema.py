@@ -18,7 +18,7 @@ def _compose(*overrides):
 def test_every_option_composes(group, option, tmp_path):
     overrides = [f"{group}={option}", f"results_dir={tmp_path}"]
     if group == "task" and option != "passkey":
-        from tests.test_tasks import write_mirror
+        from tests.tasks.test_fewshot import write_mirror
 
         overrides.append("data.dir=" + str(write_mirror(tmp_path / "data")))
     cfg = _compose(*overrides)
