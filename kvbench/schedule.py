@@ -62,7 +62,6 @@ def prefill_chunks(lengths: list[int], policy: Policy, chunk: int | None,
     return list(table.T.unbind(0))
 
 
-prefill_plan = prefill_chunks  # the name before issue 35 (kvbench.memory imports it)
 
 
 def rows_to_evict(n: torch.Tensor, r: torch.Tensor, policy: Policy, prefill: bool,

@@ -23,7 +23,4 @@ from kvbench.cache.kvcache import KVCache
 from kvbench.cache.layout import Step
 from kvbench.cache.storage import Group, form_groups, layer_capacities
 
-layout = form_groups  # the name before issue 35 (kvbench.memory imports it); the module kvbench.cache.layout is
-# reached as `import kvbench.cache.layout` / `from kvbench.cache.layout import ...`
-
-__all__ = ["KVCache", "Group", "Step", "form_groups", "layer_capacities", "layout"]
+__all__ = ["KVCache", "Group", "Step", "form_groups", "layer_capacities"]
