@@ -207,9 +207,9 @@ def test_budget_refuses_over_and_admits_under(tiny_llama):
 def test_refused_batch_allocates_nothing(tiny_llama):
     """The account is checked before the cache exists: a refused generate leaves no KV cache alive."""
     before = memory.memory_level([])
-    with pytest.raises(memory.BudgetExceeded):
+    with pytest.raises(memory.MemoryLimitExceeded):
         engine.generate(tiny_llama.model, tiny_llama.tokenizer, random_prompts((40, 30)), Full(), 2,
-                        max_new_tokens=4, budget=memory.Budget(1e-6))
+                        max_new_tokens=4, memory_limit=memory.MemoryLimit(1e-6))
     assert memory.memory_level([]) == before
 
 
