@@ -19,7 +19,7 @@ from kvbench.run import run
 # every registered policy (kvbench.policies.registry), at kv 256; the two whose budget is fixed keep their own
 FIXED_BUDGET = {"full": [], "extreme_decode": ["policy.kv_size=2"]}
 POLICIES = [[f"policy={name}", *FIXED_BUDGET.get(name, ["policy.kv_size=256"])] for name in registry()]
-TASKS = {
+TASK_OVERRIDES = {  # task -> the overrides the demo runs it with
     "passkey": ["task=passkey", "task.n_samples=8", "task.context_tokens=768", "gen.max_new_tokens=8", "batch_size=4"],
     # 0-shot and a short input: the 1-shot paper prompts (~1,900 tokens) take minutes per policy on a CPU
     "cnndm": ["task=cnndm", "task.n_samples=2", "task.n_shot=0", "task.max_input_tokens=384",
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="demo"):
         for task in tasks:
             for pol in POLICIES:
-                cfg = compose("config", overrides=["results_dir=results/demo", *TASKS[task], *pol, *extra])
+                cfg = compose("config", overrides=["results_dir=results/demo", *TASK_OVERRIDES[task], *pol, *extra])
                 records.append(run(cfg))
                 print(table(records[-1:]).splitlines()[-1], flush=True)
     print()
