@@ -39,8 +39,8 @@ test-matrix: install ## every combination of the documented options (the full pr
 wheel-check: install ## build the wheel, check it, install it in a throwaway venv and run kvbench from outside the checkout (CI)
 	scripts/wheel_check.sh
 
-demo: install ## a small comparison of the policies on the default model (prints a table)
-	$(BIN)/python -m kvbench.demo $(if $(DATA_DIR),data.dir=$(DATA_DIR))
+demo: install ## a small comparison of the policies on the default model (prints a table; records in outputs/demo, or RESULTS_DIR)
+	$(BIN)/python -m kvbench.demo $(if $(DATA_DIR),data.dir=$(DATA_DIR)) $(if $(RESULTS_DIR),results_dir=$(RESULTS_DIR))
 
 gpu-check: install ## on a CUDA machine: GPU acceptance checks, one JSON line each (<15 min); no GPU: exit 77 (skipped)
 	@$(BIN)/kvbench-gpu-check
@@ -71,6 +71,6 @@ clean: ## remove the virtual environment and caches
 
 reproduce-mini: install ## the paper's protocol at small scale on this CPU (3 tasks, ~1 h 45 min on 2 cores): results/mini/
 	for t in cnndm narrativeqa gsm8k; do \
-	  $(BIN)/kvbench-reproduce experiment=mini_$$t $(if $(DATA_DIR),data.dir=$(DATA_DIR)) || exit 1; \
+	  $(BIN)/kvbench-reproduce experiment=mini_$$t results_dir=results/mini $(if $(DATA_DIR),data.dir=$(DATA_DIR)) || exit 1; \
 	done
 	$(BIN)/kvbench-report results/mini

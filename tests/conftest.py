@@ -1,12 +1,34 @@
-"""Shared fixtures: tiny random models (float64, so float noise never flips a greedy token) and prompts."""
+"""Shared fixtures: tiny random models (float64, so float noise never flips a greedy token) and prompts; and a
+guard: the suite writes nothing into the checkout's results folders (a test passes `results_dir=tmp_path`)."""
 
 from __future__ import annotations
 
 import gc
 import os
+from pathlib import Path
 
 import pytest
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+WATCHED = ("results", "outputs")  # the committed studies, and the default results_dir of a run from the checkout
+
+
+def _files() -> dict[str, tuple[int, int]]:
+    """Every file under WATCHED: relative path -> (size, mtime in ns)."""
+    return {str(p.relative_to(ROOT)): (st.st_size, st.st_mtime_ns) for d in WATCHED
+            for p in (ROOT / d).rglob("*") if p.is_file() and (st := p.stat())}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_written_into_the_checkout():
+    """After the last test: no file under results/ or outputs/ was created or changed (a test that ran with the
+    default results_dir, or wrote a documented study's folder, fails the session here)."""
+    before = _files()
+    yield
+    after = _files()
+    changed = sorted(k for k, v in after.items() if before.get(k) != v)
+    assert not changed, f"the tests wrote into the checkout (pass results_dir=tmp_path): {changed[:10]}"
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -72,7 +72,7 @@ def demo_hashes() -> dict[str, str]:
 
     out = {}
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="demo"):
-        for targs in demo.TASKS.values():
+        for targs in demo.TASK_OVERRIDES.values():
             for pol in demo.POLICIES:
                 cfg = compose("config", overrides=["results_dir=results/demo", *targs, *pol, f"data.dir={MIRROR}"])
                 out[" ".join([*targs, *pol])] = config_hash(cfg)

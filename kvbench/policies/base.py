@@ -91,6 +91,9 @@ class Policy(LegacyBudgetCalls):
     head_floor: float = 0.2  # adaptive: the share of the budget each head keeps at least (kvpress's alpha_safeguard)
 
     name: ClassVar[str] = "base"
+    # what the docs' policy tables say of it (docs/hooks/tables.py): the pairs it keeps, in a line, and its paper
+    summary: ClassVar[str] = ""
+    paper: ClassVar[tuple[str, str] | None] = None  # (citation, link), e.g. ("Zhang et al., NeurIPS 2023", "https://...")
     published_schedule: ClassVar[str | None] = None  # None: no published schedule to depart from
     published_evict_every: ClassVar[int | None] = None  # e.g. 1: published as one pair per token
     gqa_note: ClassVar[str | None] = None  # the departure on GQA models (several query heads per KV head)

@@ -23,6 +23,8 @@ class ExtremeDecode(Policy):
     evict_every: int | None = None  # always kv_size - 1
     schedule: str = "decode_only"
     name: ClassVar[str] = "extreme_decode"
+    summary: ClassVar[str] = "one pair, evicting at every decode step (ED: the decoding-only throughput bound)"
+    paper: ClassVar[tuple[str, str]] = ("Metel et al., 2025, Algorithm 2", "https://arxiv.org/abs/2412.05693")
     # Algorithm 2 fixes them: one pair kept (no share of the prompt), p = kv_size - 1, decoding only
     inert_keys: ClassVar[tuple[str, ...]] = ("kv_ratio", "compression_ratio", "evict_every", "schedule")
     keeps_newest: ClassVar[bool] = True  # the score below, known without computing it

@@ -19,6 +19,8 @@ class H2O(Policy):
     schedule: str = "decode_only"
     protect_recent: int | None = None  # None: half the budget (kv_size // 2, or each sample's own with kv_ratio)
     name: ClassVar[str] = "h2o"
+    summary: ClassVar[str] = "attention received, summed; the newest half of the budget protected"
+    paper: ClassVar[tuple[str, str]] = ("Zhang et al., NeurIPS 2023", "https://arxiv.org/abs/2306.14048")
     published_schedule: ClassVar[str] = "decode_only"
     published_evict_every: ClassVar[int] = 1
     gqa_note: ClassVar[str] = ("gqa_group_mean: the attention a pair receives is averaged over the query heads of "

@@ -50,6 +50,8 @@ class SnapKV(Policy):
     pooling: str = "avg"
     pool_window: bool = False  # True: pool over the window's own pairs too (kvbench's earlier variant)
     name: ClassVar[str] = "snapkv"
+    summary: ClassVar[str] = "the last `window` queries' attention, averaged, pooled over `kernel` neighbours; the window kept"
+    paper: ClassVar[tuple[str, str]] = ("Li et al., NeurIPS 2024", "https://arxiv.org/abs/2404.14469")
     published_schedule: ClassVar[str] = AFTER_PREFILL
     gqa_note: ClassVar[str] = "GQA models: pooled per query head, then averaged over the query heads of a KV group"
     needs_keys: ClassVar[bool] = True

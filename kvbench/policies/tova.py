@@ -23,6 +23,8 @@ class TOVA(Policy):
     schedule: str = "decode_only"
     per_kv_head: bool = False
     name: ClassVar[str] = "tova"
+    summary: ClassVar[str] = "the newest query's attention, averaged over the layer's query heads"
+    paper: ClassVar[tuple[str, str]] = ("Oren et al., 2024", "https://arxiv.org/abs/2401.06104")
     published_schedule: ClassVar[str] = "decode_only"
     published_evict_every: ClassVar[int] = 1
     needs_attention: ClassVar[bool] = True

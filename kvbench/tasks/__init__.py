@@ -12,7 +12,6 @@ from kvbench.tasks.base import Sample, Task
 TASKS: dict[str, type[Task]] = discover(__name__, __path__, Task)  # name -> class
 globals().update({cls.__name__: cls for cls in TASKS.values()})  # `from kvbench.tasks import CNNDM`
 
-from kvbench.tasks.ruler import TASKS as RULER_TASKS  # noqa: E402  (the RULER tasks, for the needle sweeps)
-from kvbench.tasks.ruler import Ruler  # noqa: E402
+from kvbench.tasks.ruler import RULER_TASKS, Ruler  # noqa: E402  (RULER_TASKS: name -> class, the RULER tasks alone)
 
 __all__ = ["Sample", "Task", "Ruler", "RULER_TASKS", "TASKS", *sorted(cls.__name__ for cls in TASKS.values())]

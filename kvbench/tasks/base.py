@@ -27,11 +27,6 @@ class Sample:
     meta: dict = field(default_factory=dict)
     question_at: int | None = None  # where the question starts in `prompt` (tasks that can run query_aware=false)
 
-    @property
-    def cut(self) -> bool:
-        """Deprecated name of `truncated` (kept until the branches of issue 35 are merged)."""
-        return self.truncated
-
 
 @dataclass
 class Task:
@@ -131,10 +126,6 @@ class Task:
             if i >= 0:
                 text = text[:i]
         return text
-
-    def cut(self, text: str) -> str:
-        """Deprecated name of `cut_at_stop` (kept until the branches of issue 35 are merged)."""
-        return self.cut_at_stop(text)
 
     def extract(self, text: str) -> str:
         return text.strip()

@@ -176,5 +176,5 @@ NiahMultiquery = _task("NiahMultiquery", "niah_multiquery", "niah", type_haystac
 VariableTracking = _task("VariableTracking", "vt", "variable_tracking", type_haystack="noise", num_chains=1, num_hops=4)
 CommonWords = _task("CommonWords", "cwe", "common_words_extraction", freq_cw=30, freq_ucw=3, num_cw=10)
 FrequentWords = _task("FrequentWords", "fwe", "freq_words_extraction", alpha=2.0)
-TASKS = {t.name: t for t in (NiahSingle1, NiahSingle2, NiahSingle3, NiahMultikey1, NiahMultikey2, NiahMultikey3,
-                             NiahMultivalue, NiahMultiquery, VariableTracking, CommonWords, FrequentWords)}
+RULER_TASKS = {t.name: t for t in (NiahSingle1, NiahSingle2, NiahSingle3, NiahMultikey1, NiahMultikey2, NiahMultikey3,
+                                   NiahMultivalue, NiahMultiquery, VariableTracking, CommonWords, FrequentWords)}

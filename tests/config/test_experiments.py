@@ -128,3 +128,20 @@ def test_paper_settings(experiment):
     reachable = {k + d for k in r.kv_sizes for d in (-r.refine_step, 0, r.refine_step)}
     assert set(PUBLISHED_KV[experiment]) <= reachable
     assert {"cnndm": 1, "narrativeqa": 2, "gsm8k": 16}[task] == cfg.task.n_shot
+
+
+def test_runs_write_outside_the_committed_results():
+    """With no `results_dir=` (the root config, and every experiment) records go under outputs/, which git ignores
+    in the checkout: a first run never appends to the committed results/ (studies there pass results_dir)."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    dirs = {"(root)": _compose().results_dir, **{e: _compose(f"experiment={e}").results_dir for e in EXPERIMENTS}}
+    assert all(Path(d).parts[0] == "outputs" for d in dirs.values()), dirs
+    root = Path(__file__).resolve().parents[2]
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    probes = [f"{d}/runs.jsonl" for d in dirs.values()]
+    ignored = subprocess.run(["git", "check-ignore", *probes], cwd=root, capture_output=True, text=True).stdout.split()
+    assert sorted(ignored) == sorted(probes), set(probes) - set(ignored)

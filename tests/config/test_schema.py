@@ -33,7 +33,7 @@ def test_every_policy_has_a_config_and_a_class():
 
 def test_interface_defaults():
     cfg = _compose()
-    assert cfg.model.name == "smollm2-135m" and cfg.batch_size == 1 and cfg.results_dir == "results"
+    assert cfg.model.name == "smollm2-135m" and cfg.batch_size == 1 and cfg.results_dir == "outputs"
     assert cfg.data.dir is None and cfg.memory.budget_gb is None and cfg.search.max_batch is False
     assert cfg.output.save_prompt_ids is False and cfg.device == "auto"
 
@@ -41,5 +41,5 @@ def test_interface_defaults():
 def test_experiment_overrides_root_values():
     """An experiment file wins over the root config's own values (results_dir, device, ...)."""
     cfg = _compose("experiment=mini_cnndm")
-    assert cfg.results_dir == "results/mini" and cfg.device == "cpu"
+    assert cfg.results_dir == "outputs/mini" and cfg.device == "cpu"
     assert _compose("experiment=mini_cnndm", "results_dir=elsewhere").results_dir == "elsewhere"  # CLI wins

@@ -475,7 +475,6 @@ def test_demo_table_and_prompt_length():
     for doc, phrase in (("README.md", f"({n} prompts of {length[0]} tokens, batch 4)"),
                         ("docs/getting-started.md", f"({n} prompts of {length[0]} tokens with a 5-digit"),
                         ("results/demo/README.md", f"({n} prompts of {length[0]} tokens with a"),
-                        ("docs/policies.md", f"per-token eviction of the demo's {length[0]}-token prefill is slow"),
                         ("docs/policies.md", f"per-token eviction in the demo's {length[0]}-token prefill is slow")):
         states(doc, phrase)
     snap = one(passkey, policy="snapkv")

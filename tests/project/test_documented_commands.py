@@ -11,7 +11,7 @@ without loading weights:
   with that line (`(...)` stands for any text);
 - `kvbench-plan`: its preflight (`kvbench.capacity.preflight`);
 - `kvbench-report DIR`: run on DIR's committed records (into a temporary folder, no plots); a DIR with no
-  records in the checkout (the default `results/` a documented sweep writes) is run on a committed one;
+  records in the checkout (the default `outputs` a documented sweep writes) is run on a committed one;
 - `kvbench-gpu-check`, `pip install 'kvbench[extra]'`: the console script and the extra exist;
 - `make TARGET`: the Makefile has the target; `python scripts/X.py --flag`: the script exists and takes
   every flag shown; `scripts/X.sh`: exists and is executable.
@@ -201,7 +201,7 @@ def check_report(cmd: Command, args: list[str], tmp_path) -> None:
     words = list(args)
     src = Path(words[0])
     if not (ROOT / src / "runs.jsonl").is_file():  # the folder a documented sweep writes: a committed one instead
-        assert src.as_posix().rstrip("/") == "results", f"{cmd.id}: {src} holds no records"
+        assert src.as_posix().rstrip("/") == "outputs", f"{cmd.id}: {src} holds no records"
         words[0] = "results/example_cnndm"
     if "--out" in words:
         words[words.index("--out") + 1] = str(tmp_path / "out")

@@ -1,0 +1,249 @@
+"""mkdocs hook: the lists a page states about the code, generated from kvbench's registries and configs at build time.
+
+A page asks for one with a marker that the hook replaces before the page is rendered:
+
+    <!-- kvbench:table NAME -->   on a line of its own: one of TABLES (policies, policy-settings, ...)
+    <!-- kvbench:names GROUP -->  inline: the options of a config group (`kvbench/conf/GROUP/`), comma-separated
+
+So a new policy, task, model config or family appears in every table with no docs edit: its class (its
+`summary` and `paper` for a policy) and its config are read here. An unknown marker fails the build.
+tests/project/test_docs_registry.py calls these functions directly (no site build).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+import sys
+from collections.abc import Callable
+
+from omegaconf import OmegaConf
+
+from kvbench.conf import CONF_DIR, load_option, options
+from kvbench.errors import ConfigError
+from kvbench.models import SPECS, WEIGHTS, build_tiny, family, load_gguf_package, load_hub
+from kvbench.models.hub import SHIPPED_CONFIGS
+from kvbench.models.tiny import FAMILY_ARCHS, tiny_config
+from kvbench.policies import registry as policy_registry
+from kvbench.report.rows import METRICS
+from kvbench.tasks import TASKS
+
+MARKER = re.compile(r"<!-- kvbench:(table|names) ([\w-]+) -->")
+
+
+def _cell(text) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(head: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(_cell(c) for c in r) + " |" for r in rows])
+
+
+def _code(names) -> str:
+    return ", ".join(f"`{n}`" for n in names)
+
+
+def _value(v) -> str:
+    return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+
+
+# ----------------------------------------------------------------------------------------------- policies
+def _policy_config(name: str):
+    return load_option("policy", name)
+
+
+def _policy(cls, cfg):
+    """The policy as the CLI builds it from its config (validate() resolves a `null` that means "the policy's own")."""
+    return cls(**{k: v for k, v in cfg.items() if k != "_target_"})
+
+
+def _common_keys() -> set[str]:
+    return {"_target_", *OmegaConf.load(CONF_DIR / "base" / "policy.yaml")}
+
+
+def policies(registry: dict | None = None) -> str:
+    """policy | keeps | paper."""
+    rows = []
+    for name, cls in (registry or policy_registry()).items():
+        paper = f"[{cls.paper[0]}]({cls.paper[1]})" if cls.paper else "-"
+        rows.append([f"`{name}`", cls.summary, paper])
+    return _table(["`policy=`", "keeps (higher score = kept)", "paper"], rows)
+
+
+def defaults(policy) -> str:
+    """kvbench's defaults of a built policy: its budget, cadence, schedule and protected pairs."""
+    if not policy.evicts:
+        return "no budget: never evicts"
+    out = [f"kv {policy.kv_size}", f"p {policy.evict_every}", policy.schedule]
+    out += [f"{k} {getattr(policy, k)}" for k in ("protect_first", "protect_recent") if getattr(policy, k)]
+    return ", ".join(out)
+
+
+def published(cls) -> str:
+    parts = [cls.published_schedule] if cls.published_schedule else []
+    if cls.published_evict_every is not None:
+        parts.append(f"p {cls.published_evict_every}")
+    return ", ".join(parts) or "-"
+
+
+def policy_settings(registry: dict | None = None, config: Callable | None = None) -> str:
+    """policy | kvbench's defaults | its own keys (their defaults) | published schedule."""
+    common, rows, config = _common_keys(), [], config or _policy_config
+    for name, cls in (registry or policy_registry()).items():
+        cfg = config(name)
+        own = ", ".join(f"`{k}` {_value(v)}" for k, v in cfg.items() if k not in common) or "-"
+        rows.append([f"`{name}`", defaults(_policy(cls, cfg)), own, published(cls)])
+    return _table(["`policy=`", "kvbench's defaults", "its own keys (`policy.*`)", "published"], rows)
+
+
+def policy_departures(registry: dict | None = None, config: Callable | None = None) -> str:
+    """policy | what a record of it at kvbench's defaults lists in `extensions` (on a GQA model)."""
+    rows, config = [], config or _policy_config
+    for name, cls in (registry or policy_registry()).items():
+        ext = _policy(cls, config(name)).describe(gqa=True)["extensions"]
+        rows.append([f"`{name}`", "; ".join(ext) or "none"])
+    return _table(["`policy=`", "departures at kvbench's defaults (the record's `extensions`, GQA model)"], rows)
+
+
+# ----------------------------------------------------------------------------------------------- tasks
+def _first_sentence(doc: str | None) -> str:
+    text = " ".join((doc or "").strip().split("\n\n")[0].split())
+    m = re.match(r"(.+?[.)])(\s|$)", text)
+    return (m[1] if m else text).rstrip(".")
+
+
+def _data(cls, cfg) -> str:
+    source = getattr(cls, "source", None)
+    if source is None:
+        return "generated by kvbench from the seed"
+    hub = f"`{source.hub}`" + (f" {source.config}" if source.config else "")
+    shots = f"; shots from {cfg.shot_split}" if cfg.get("n_shot") else ""
+    return f"{hub} {cfg.split}{shots} (or `data.dir`)"
+
+
+def tasks(registry: dict | None = None) -> str:
+    """One row per task module: its tasks | what (the module docstring's first sentence) | data | metric | defaults."""
+    groups: dict[str, list] = {}
+    for name, cls in (registry or TASKS).items():
+        groups.setdefault(cls.__module__, []).append((name, cls))
+    rows = []
+    for module, members in groups.items():
+        name, cls = members[0]
+        cfg = load_option("task", name)
+        metrics = sorted({METRICS.get(c.metric, c.metric) for _, c in members})
+        shown = {"n_samples": cfg.n_samples, "n_shot": cfg.n_shot, "max_input_tokens": cfg.max_input_tokens}
+        rows.append([_code(n for n, _ in members), _first_sentence(sys.modules[module].__doc__), _data(cls, cfg),
+                     ", ".join(metrics), ", ".join(f"{k} {_value(v)}" for k, v in shown.items())])
+    return _table(["`task=`", "what", "data", "metric", "kvbench's defaults"], rows)
+
+
+# ----------------------------------------------------------------------------------------------- models
+def _spec(cfg):
+    """The model's config without weights or the Hub (None when only the Hub has it), and where it comes from."""
+    target = cfg["_target_"].rsplit(".", 1)[-1]
+    loader = {"load_hub": load_hub, "load_gguf_package": load_gguf_package, "build_tiny": build_tiny}.get(target)
+    args = {k: v for k, v in cfg.items() if k != "_target_"}
+    if loader is load_hub and cfg.pretrained not in SHIPPED_CONFIGS:
+        return None, "the Hub's, at run time"
+    where = {load_hub: "shipped (`kvbench/models/configs/`)", load_gguf_package: f"in the `{cfg.get('package')}` "
+             "package's GGUF", build_tiny: "built in code"}.get(loader, "-")
+    spec = SPECS[loader]
+    try:
+        return spec(**{k: v for k, v in args.items() if k in inspect.signature(spec).parameters}, device="cpu").config, where
+    except (ConfigError, ImportError) as e:  # e.g. the GGUF's package not installed where the site is built
+        return None, f"{where} (not readable where this page was built: {e})"
+
+
+def _attention(config) -> tuple[str, str]:
+    k = family.kinds(config)
+    heads = f"{'GQA' if k.gqa else 'MHA'} {k.q_heads}/{k.kv_heads}, {len(k.windows)} layers"
+    rope = family.rope_kind(config)
+    return k.family, f"{heads}; {k.describe()}" + ("" if rope == "default" else f"; {rope} RoPE")
+
+
+@functools.cache
+def model_rows() -> list[dict]:
+    """Every `model=` config: name, what it loads, family, attention, where its config comes from."""
+    rows = []
+    for name in options("model"):
+        cfg = load_option("model", name)
+        describe = WEIGHTS.get(cfg["_target_"])
+        weights = describe(cfg, str(cfg.get("dtype"))) if describe else cfg["_target_"]
+        config, where = _spec(cfg)
+        fam, attention = _attention(config) if config is not None else ("-", "read from the Hub at run time")
+        rows.append(dict(name=name, weights=weights, family=fam, attention=attention, config=where,
+                         checkpoint=cfg.get("pretrained") or cfg.get("gguf_file")))
+    return rows
+
+
+def models() -> str:
+    seen: dict[str, str] = {}
+    out = []
+    for r in model_rows():
+        same = seen.setdefault(r["checkpoint"], r["name"]) if r["checkpoint"] else r["name"]
+        note = f" (the checkpoint of `{same}`)" if same != r["name"] else ""
+        out.append([f"`{r['name']}`", r["weights"] + note, f"`{r['family']}`", r["attention"], r["config"]])
+    return _table(["`model=`", "weights", "family", "attention", "config (no weights)"], out)
+
+
+# ----------------------------------------------------------------------------------------------- families
+def families() -> str:
+    """family | its layers' attention | the tiny models the family matrix runs | the `model=` configs of it."""
+    how = {family.NONE: "full in every layer", family.GLOBAL: "`sliding_window` in every layer (None: full)",
+           family.LAYER_TYPES: "per layer (`layer_types`): full or `sliding_window`"}
+    archs = {"llama": ["llama"], "phi3": ["phi3"]}
+    for arch, (model_type, _) in FAMILY_ARCHS.items():
+        if family.refusal(tiny_config(arch)) is None:  # the matrix also builds models kvbench refuses
+            archs.setdefault(model_type, []).append(arch)
+    configs: dict[str, list[str]] = {}
+    for r in model_rows():
+        configs.setdefault(r["family"], []).append(r["name"])
+    rows = []
+    for fam, kind in family.FAMILIES.items():
+        extra = (["learned sinks (eager and fused backends)"] if fam in family.SINKS else []) + (
+            [f"soft-capping `{family.SOFTCAP[fam]}` (eager and fused backends)"] if fam in family.SOFTCAP else [])
+        rows.append([f"`{fam}`", "; ".join([how[kind], *extra]), _code(archs.get(fam, [])) or "-",
+                     _code(configs.get(fam, [])) or "-"])
+    return _table(["family (`model_type`)", "attention", "tiny models in the family matrix", "`model=`"], rows)
+
+
+# ----------------------------------------------------------------------------------------------- the hook
+TABLES: dict[str, Callable[[], str]] = {"policies": policies, "policy-settings": policy_settings,
+                                        "policy-departures": policy_departures, "tasks": tasks, "models": models,
+                                        "families": families}
+
+
+def names(group: str) -> str:
+    found = options(group)
+    if not found:
+        raise ValueError(f"kvbench:names {group}: no configs in kvbench/conf/{group}/")
+    return _code(found)
+
+
+def render(kind: str, name: str) -> str:
+    from transformers.utils import logging as hf_logging
+
+    if kind == "names":
+        return names(name)
+    if name not in TABLES:
+        raise ValueError(f"kvbench:table {name}: no such table (known: {', '.join(TABLES)})")
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # a model config's advice to its authors (longrope's `factor`) is no build warning
+    try:
+        return TABLES[name]()
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def expand(markdown: str, where: str = "") -> str:
+    """The page with every marker replaced; an unknown one raises ValueError naming the page."""
+    try:
+        return MARKER.sub(lambda m: render(m[1], m[2]), markdown)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def on_page_markdown(markdown: str, page, **kwargs) -> str:
+    return expand(markdown, page.file.src_path)
