@@ -3,11 +3,13 @@
 `check_run(cfg)`, on a prepared config (`kvbench.config.prepare`: its presets applied), called by the CLI's
 preflight for every job of a command line and again by the runner:
 
-- the model's files can be had: the default model's package is installed, a Hub model is in the local
-  cache or the Hub answers within seconds (no retries: one line saying how to get it);
-- the model's family is one kvbench runs exactly (kvbench.models.family, read from its config alone), and
-  the run suits its attention: serve mode needs full attention without sinks or soft-capping, an evicting
-  policy needs a full-attention layer to compress, re-rotation needs plain RoPE and no windowed layer;
+- the default model's package is installed (its config is read from it); then what the model's config alone tells (shipped with kvbench for the `model=` choices, so these refusals
+  need neither the weights nor the Hub): the model's family is one kvbench runs exactly
+  (kvbench.models.family), and the run suits its attention: serve mode needs full attention without sinks or
+  soft-capping, an evicting policy needs a full-attention layer to compress, re-rotation needs plain RoPE and
+  no windowed layer;
+- then the model's files can be had: a Hub model is in the local cache or the Hub answers within seconds (no
+  retries: one line saying how to get it);
 - the prompts: the task's samples rendered with the model's tokenizer alone (no weights,
   kvbench.config.prompts), so a task limit that cannot be met (`task.max_input_tokens` below a prompt's
   fixed part) or a row that renders empty stops here, not after loading; the model's family is checked
@@ -41,11 +43,12 @@ __all__ = ["check_run", "prompt_lengths", "model_config", "check_family", "check
 
 def check_run(cfg: DictConfig) -> list[int] | None:
     """Every check above; returns the prompts' token counts (None for a loader kvbench does not know)."""
-    from kvbench.models import check_loadable
+    from kvbench.models import check_available, check_loadable
 
-    check_loadable(cfg)
-    check_family(cfg)
+    check_available(cfg)  # what reading the model's config needs (the default model's package)
+    check_family(cfg)  # from the config alone (shipped for the `model=` choices): before the weights' files
     check_rope(cfg)
+    check_loadable(cfg)
     lengths = prompt_lengths(cfg)
     if lengths is not None:
         check_family(cfg, max(lengths, default=0) + cfg.gen.max_new_tokens)
