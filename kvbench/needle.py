@@ -18,17 +18,13 @@ import os
 import shlex
 import sys
 
+from kvbench.arguments import Parser
 from kvbench.cli import checked
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit code 2, like every kvbench command
-        print(f"kvbench-needle: error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    p = _Parser(prog="kvbench-needle", description=__doc__.split("\n")[0])
+    """The flags and the kvbench overrides; `args.policy`: each `--policy` split into its name and overrides."""
+    p = Parser(prog="kvbench-needle", description=__doc__.split("\n")[0])
     p.add_argument("--lengths", default="1024,2048,4096", help="context lengths in tokens (comma-separated)")
     p.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="needle depths, shares of the context")
     p.add_argument("--policy", action="append", help="a policy config name and its overrides (repeatable; "
@@ -42,11 +38,23 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         p.error("--lengths takes integers and --depths numbers, comma-separated")
     if not args.lengths or not args.depths or any(not 0 <= d <= 1 for d in args.depths):
         p.error("--lengths and --depths must be non-empty, depths in [0, 1]")
-    args.policy = args.policy or ["full"]
+    args.policy = [policy_spec(p, spec) for spec in args.policy or ["full"]]
     bad = [o for o in overrides if o.startswith("-")]
     if bad:
         p.error(f"unknown option {bad[0]}")
     return args, overrides
+
+
+def policy_spec(p: Parser, spec: str) -> list[str]:
+    """One `--policy` value as [name, *overrides] (shell-like quoting), or one line and exit code 2."""
+    try:
+        words = shlex.split(spec)
+    except ValueError as e:  # e.g. an unclosed quote
+        p.error(f"--policy {spec!r}: {e}")
+    if not words or "=" in words[0]:
+        p.error(f"--policy {spec!r}: takes a policy config name, then overrides for it alone (e.g. \"h2o "
+                "policy.kv_size=256\")")
+    return words
 
 
 def jobs(args: argparse.Namespace, overrides: list[str]) -> list[list[str]]:
@@ -55,8 +63,7 @@ def jobs(args: argparse.Namespace, overrides: list[str]) -> list[list[str]]:
     if not any(o.split("=", 1)[0] == "skip_existing" for o in base):
         base.append("skip_existing=true")
     out = []
-    for spec in args.policy:
-        name, *extra = shlex.split(spec)
+    for name, *extra in args.policy:
         for n in args.lengths:
             for d in args.depths:
                 out.append([*base, f"policy={name}", *extra, f"task.context_length={n}", f"task.depth={d}"])

@@ -117,9 +117,7 @@ class Driver:
     def protocol(self) -> dict:
         cfg = self.compose()
         metric = build_task(cfg).metric
-        rp = cfg.reproduce
-        if rp.kv_step <= 0 or rp.refine_step <= 0 or not rp.kv_sizes or min(rp.kv_sizes) <= 0:
-            raise SystemExit("kvbench-reproduce: reproduce.kv_sizes, kv_step and refine_step must be positive")
+        rp = cfg.reproduce  # its values checked with the config (kvbench.config.checks.check_reproduce)
         p = cfg.policy.evict_every
         search = ["search.max_batch=true", "search.only=false"]
 

@@ -4,7 +4,7 @@ A bad value, or values that do not fit together, must end a command with one lin
 exit code 2 before any model loads (kvbench.cli). `check_config(cfg)` raises the first ConfigError, in a fixed
 order (the refusal of a config with several faults is part of the behaviour tests replay): the run's own
 keys (mode, batch size, gen.*, data.dir, memory.*, search.*), serve.* (kvbench.config.serve_checks), plan.*,
-then the policy and task built from their nodes (their dataclasses' own checks), task.query_aware, the
+reproduce.*, then the policy and task built from their nodes (their dataclasses' own checks), task.query_aware, the
 task's data rows, and last what the model needs installed. It judges cfg as it will run, with its presets
 applied, but on a copy: it never changes cfg (a test compares a deep copy before and after).
 
@@ -84,6 +84,7 @@ def check_config(cfg: DictConfig) -> None:
         raise ConfigError("search.probe", "account probes exist only on CPU (a GPU's budget is a real cap)", "account")
     check_serve(cfg)
     check_plan(cfg)
+    check_reproduce(cfg)
     for key in ("policy", "task"):
         try:
             (build_policy if key == "policy" else build_task)(cfg)
@@ -124,3 +125,18 @@ def check_plan(cfg: DictConfig) -> None:
     if p.kv_sizes is not None and per_prompt:
         raise ConfigError("plan.kv_sizes", f"the policy's budget is per prompt (policy.{per_prompt[0]}): leave "
                           "plan.kv_sizes null", kvs)
+
+
+def check_reproduce(cfg: DictConfig) -> None:
+    """reproduce.* values (kvbench-reproduce reads them; every command refuses the same bad ones)."""
+    r = cfg.reproduce
+    if r.ed_kv_size < 2:
+        raise ConfigError("reproduce.ed_kv_size", "must be an integer >= 2 (extreme_decode keeps one pair)",
+                          r.ed_kv_size)
+    if not r.kv_sizes or min(r.kv_sizes) <= 0:
+        raise ConfigError("reproduce.kv_sizes", "must be a non-empty list of positive kv sizes", list(r.kv_sizes))
+    for key in ("kv_step", "refine_step"):
+        if r[key] <= 0:
+            raise ConfigError(f"reproduce.{key}", "must be a positive integer", r[key])
+    if not 0 < r.near_fkv <= 1:
+        raise ConfigError("reproduce.near_fkv", "must be a share of FKV's metric in (0, 1]", r.near_fkv)

@@ -3,15 +3,19 @@
 `check_run(cfg)`, on a prepared config (`kvbench.config.prepare`: its presets applied), called by the CLI's
 preflight for every job of a command line and again by the runner:
 
-- the model's files can be had: the default model's package is installed, a Hub model is in the local
-  cache or the Hub answers within seconds (no retries: one line saying how to get it);
-- the model's family is one kvbench runs exactly (kvbench.models.family, read from its config alone), and
-  the run suits its attention: serve mode needs full attention without sinks or soft-capping, an evicting
-  policy needs a full-attention layer to compress, re-rotation needs plain RoPE and no windowed layer;
+- the default model's package is installed (its config is read from it); then what the model's config alone tells (shipped with kvbench for the `model=` choices, so these refusals
+  need neither the weights nor the Hub): the model's family is one kvbench runs exactly
+  (kvbench.models.family), and the run suits its attention: serve mode needs full attention without sinks or
+  soft-capping, an evicting policy needs a full-attention layer to compress, re-rotation needs plain RoPE and
+  no windowed layer;
+- then the model's files can be had: a Hub model is in the local cache or the Hub answers within seconds (no
+  retries: one line saying how to get it);
 - the prompts: the task's samples rendered with the model's tokenizer alone (no weights,
   kvbench.config.prompts), so a task limit that cannot be met (`task.max_input_tokens` below a prompt's
   fixed part) or a row that renders empty stops here, not after loading; the model's family is checked
   again for the longest sequence, and a length-dependent RoPE for the prompts' range;
+- task.query_aware=false: each prompt's question leaves room in the budget of every layer the policy
+  compresses (kvbench.budgets.question, the engine's own rule, on the prompt's and its question's lengths);
 - mode=serve: a pool (`serve.num_blocks`) that can hold each request alone under the policy and schedule
   (a decode_only request holds its whole prompt, the full cache its whole sequence);
 - last, the results folder and its runs.jsonl can be written (a probe file; runs.jsonl opened for
@@ -29,25 +33,27 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from kvbench.config.groups import build_policy
-from kvbench.config.prompts import NOT_TOKENIZER, prompt_lengths
+from kvbench.config.prompts import NOT_TOKENIZER, prompt_lengths, question_lengths
 from kvbench.errors import ConfigError
 from kvbench.results import RUNS, probe_writable
 
 __all__ = ["check_run", "prompt_lengths", "model_config", "check_family", "check_prompt_rope", "check_rope",
-           "check_pool", "check_results_dir"]
+           "check_question_room", "check_pool", "check_results_dir"]
 
 
 def check_run(cfg: DictConfig) -> list[int] | None:
     """Every check above; returns the prompts' token counts (None for a loader kvbench does not know)."""
-    from kvbench.models import check_loadable
+    from kvbench.models import check_available, check_loadable
 
-    check_loadable(cfg)
-    check_family(cfg)
+    check_available(cfg)  # what reading the model's config needs (the default model's package)
+    check_family(cfg)  # from the config alone (shipped for the `model=` choices): before the weights' files
     check_rope(cfg)
+    check_loadable(cfg)
     lengths = prompt_lengths(cfg)
     if lengths is not None:
         check_family(cfg, max(lengths, default=0) + cfg.gen.max_new_tokens)
         check_prompt_rope(cfg, lengths)
+        check_question_room(cfg, lengths)
         check_pool(cfg, lengths)
     check_results_dir(cfg.results_dir)
     return lengths
@@ -86,6 +92,35 @@ def check_family(cfg: DictConfig, seq_len: int | None = None) -> None:
                           f"{k.describe()} (run it with mode=run)", cfg.mode)
     if cfg.mode != "serve_limits" and seq_len is not None:
         check_policy(config, build_policy(cfg), seq_len)
+
+
+def check_question_room(cfg: DictConfig, lengths: list[int]) -> None:
+    """task.query_aware=false: each prompt's question leaves room in every layer the policy compresses, by the
+    engine's own rule (kvbench.budgets.question) on the prompt's lengths, each prompt alone (a batch's padding
+    only windows more layers, so a prompt that passes alone passes in any batch)."""
+    questions, rows = question_lengths(cfg)
+    config = model_config(cfg)
+    policy = build_policy(cfg)
+    if config is None or not any(questions) or not policy.evicts:
+        return
+    import torch
+
+    from kvbench.budgets import question, rules
+    from kvbench.models.family import kinds
+
+    q = torch.tensor(questions, dtype=torch.long)  # (N,)
+    context = torch.tensor(lengths, dtype=torch.long) - q  # (N,) what the engine's budgets come from
+    windows = kinds(config).windows
+    budgets = rules.layer_budgets(policy, context.tolist(), len(windows))  # (L, N)
+    seq = torch.tensor(lengths) + q + cfg.gen.max_new_tokens  # (N,) as the engine's batch of one sizes it
+    win = torch.tensor([torch.iinfo(torch.long).max if w is None else w for w in windows])  # (L,) None: full
+    full = win[:, None] >= seq[None, :]  # (L, N) the layers compressed (a window W >= the sequence cuts nothing)
+    bad = full & question.no_room(policy, budgets, context[None, :], q[None, :])  # (L, N)
+    if bool(bad.any()):
+        layer, b = (int(i) for i in bad.nonzero()[0])
+        why = question.refusal(questions[b], int(budgets[layer, b]),
+                               int(question.protected(policy, budgets[layer, b : b + 1])[0]))
+        raise ConfigError("task.query_aware", f"row {rows[b]}, layer {layer}: {why}", False)
 
 
 def check_prompt_rope(cfg: DictConfig, lengths: list[int]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.budgets import rules
+from kvbench.budgets import question, rules
 from kvbench.cache import KVCache
 from kvbench.cache.evict import trim_windows
 from kvbench.policies.base import Policy
@@ -47,14 +47,13 @@ def compress_context(cache: KVCache, q: torch.Tensor, policy: Policy, observer, 
             if g.sliding is not None:
                 continue
             k = torch.as_tensor(policy.kv_size if g.budget is None else g.budget, device="cpu").expand_as(q)  # (B,)
-            if policy.once:
-                rows, keep = g.load > k, k
-            else:
-                keep = torch.minimum(k - policy.evict_every, k - q)
-                rows = g.load + q > k
-                if bool((rows & (keep < policy.protect_first + policy.protect_recent + 1)).any()):
-                    raise ValueError(f"query_aware=false: a question of {int(q.max())} tokens leaves no room in "
-                                     f"a budget of {int(k.min())} pairs")
+            bad = question.no_room(policy, k, g.load, q)  # (B,) the preflight asks the same of the prompts
+            if bool(bad.any()):
+                b = int(bad.nonzero()[0])
+                raise ValueError("query_aware=false: " + question.refusal(int(q[b]), int(k[b]),
+                                                                          int(question.protected(policy, k)[b])))
+            keep = question.context_keep(policy, k, q)  # (B,)
+            rows = g.load > k if policy.once else g.load + q > k
             if bool(rows.any()):
                 cache.evict(rows, keep, policy, group=g)
             need = rules.decode_capacity(policy, int(k.max()), max_new_tokens + int(q.max()), cache.heads)

@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
+from kvbench.arguments import Parser
 from kvbench.gpu_check.checks import SKIPPED, exit_code, line, search_samples, summary
 from kvbench.gpu_check.resources import check_memory, check_search_and_two_batches, check_syncs
 from kvbench.gpu_check.tokens import check_device_map, check_offload, check_parity, check_serve
@@ -20,12 +21,15 @@ DESCRIPTION = ("`kvbench-gpu-check` (`make gpu-check`): the one-command acceptan
 
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="kvbench-gpu-check", description=DESCRIPTION)
+    ap = Parser(prog="kvbench-gpu-check", description=DESCRIPTION)
     ap.add_argument("--budget-batch", type=int, default=24, help="a divisor of 960 below 240: the search's memory "
                     "limit is set between its accounted peak and the next candidate's")
     ap.add_argument("--prompt-tokens", type=int, default=1024)
     ap.add_argument("--new-tokens", type=int, default=32)
     args = ap.parse_args(argv)
+    for flag in ("prompt_tokens", "new_tokens"):
+        if getattr(args, flag) <= 0:
+            ap.error(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be a positive integer")
     try:
         search_samples(args.budget_batch)
     except ValueError as e:
