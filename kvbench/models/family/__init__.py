@@ -15,13 +15,32 @@ and why, before any weight loads (kvbench.config.preflight, the loaders, and `kv
 """
 
 from kvbench.models.family.adapter import (
-    ModelKinds, check, check_policy, effective_windows, kinds, refusal,
+    ModelKinds,
+    check,
+    check_policy,
+    effective_windows,
+    kinds,
+    refusal,
 )
 from kvbench.models.family.rope import (
-    NOT_A_ROTATION, check_length_rope, rope_kind, rope_length_limit, rope_problem,
+    NOT_A_ROTATION,
+    check_length_rope,
+    rope_kind,
+    rope_length_limit,
+    rope_problem,
 )
 from kvbench.models.family.table import (
-    FAMILIES, GLOBAL, LAYER_KINDS, LAYER_TYPES, NONE, REFUSED, SINKS, SOFTCAP, family_of, nope_layers, text_config,
+    FAMILIES,
+    GLOBAL,
+    LAYER_KINDS,
+    LAYER_TYPES,
+    NONE,
+    REFUSED,
+    SINKS,
+    SOFTCAP,
+    family_of,
+    nope_layers,
+    text_config,
 )
 
 __all__ = ["FAMILIES", "GLOBAL", "LAYER_KINDS", "LAYER_TYPES", "NONE", "NOT_A_ROTATION", "REFUSED", "SINKS", "SOFTCAP",

@@ -15,7 +15,17 @@ from dataclasses import dataclass
 from kvbench.errors import ConfigError
 from kvbench.models.family.rope import rope_problem
 from kvbench.models.family.table import (
-    FAMILIES, GLOBAL, LAYER_KINDS, LAYER_TYPES, NONE, REFUSED, SINKS, SOFTCAP, WINDOW_SWITCH, family_of, text_config,
+    FAMILIES,
+    GLOBAL,
+    LAYER_KINDS,
+    LAYER_TYPES,
+    NONE,
+    REFUSED,
+    SINKS,
+    SOFTCAP,
+    WINDOW_SWITCH,
+    family_of,
+    text_config,
 )
 
 
