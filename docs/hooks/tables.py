@@ -157,6 +157,9 @@ def _spec(cfg):
 
 
 def _attention(config) -> tuple[str, str]:
+    why = family.refusal(config)
+    if why is not None:  # shipped for planning only: the reason it is refused, in its own words
+        return getattr(config, "model_type", "-"), f"refused: {why}"
     k = family.kinds(config)
     heads = f"{'GQA' if k.gqa else 'MHA'} {k.q_heads}/{k.kv_heads}, {len(k.windows)} layers"
     rope = family.rope_kind(config)

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.models.family import NOT_A_ROTATION, kinds
-from kvbench.models.family import rope_problem as rope_problem
+from kvbench.models.family import NOT_A_ROTATION, kinds, rope_problem
 
 
 def model_geometry(model) -> dict:
@@ -50,11 +49,14 @@ def layer_device(layer) -> torch.device:
 def rope_inv_freq(model) -> torch.Tensor:
     """The model's RoPE frequencies (R/2,), for re-rotating kept keys (policy.rerotate=true).
 
-    Only position-independent RoPE composes as a rotation: no attention scaling of cos/sin and no
-    frequencies that change with the sequence length (dynamic / longrope types).
+    Only position-independent RoPE composes as a rotation: no attention scaling of cos/sin, no
+    frequencies that change with the sequence length (dynamic / longrope types), and every layer rotated
+    the same way (kvbench.models.family.rope_problem, read from the config).
     """
     rope = getattr(model.get_decoder(), "rotary_emb", None)
     kind = getattr(rope, "rope_type", None)
-    if rope is None or getattr(rope, "attention_scaling", 1.0) != 1.0 or kind in NOT_A_ROTATION:
-        raise ValueError(f"policy.rerotate=true needs plain RoPE (this model's: {kind}); set policy.rerotate=false")
+    why = rope_problem(model.config)
+    if rope is None or getattr(rope, "attention_scaling", 1.0) != 1.0 or kind in NOT_A_ROTATION or why:
+        raise ValueError(f"policy.rerotate=true needs plain RoPE ({why or f'this model: {kind}'}); "
+                         "set policy.rerotate=false")
     return rope.inv_freq

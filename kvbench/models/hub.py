@@ -29,6 +29,12 @@ SHIPPED_CONFIGS = {
     "microsoft/Phi-4-mini-instruct": "Phi-4-mini-instruct.json",
     "google/gemma-3-4b-it": "gemma-3-4b-it.json",  # the text decoder's config
     "openai/gpt-oss-20b": "gpt-oss-20b.json",
+    "Qwen/Qwen3-30B-A3B": "Qwen3-30B-A3B.json",
+    "mistralai/Ministral-3-8B-Instruct-2512": "Ministral-3-8B-Instruct-2512.json",  # the text decoder's config
+    "zai-org/GLM-4-9B-0414": "GLM-4-9B-0414.json",
+    "google/gemma-4-31B-it": "gemma-4-31B-it.json",  # the text decoder's config (a family kvbench refuses)
+    "Qwen/Qwen3.5-27B": "Qwen3.5-27B.json",  # the text decoder's config (a family kvbench refuses)
+    "Qwen/Qwen3.5-35B-A3B": "Qwen3.5-35B-A3B.json",  # the text decoder's config (a family kvbench refuses)
 }
 CONFIG_DIR = Path(__file__).parent / "configs"
 

@@ -97,9 +97,25 @@ FAMILY_ARCHS = {
                                 layer_types=["sliding_attention", "full_attention"], rope_parameters=dict(
                                     rope_type="yarn", rope_theta=150000.0, factor=2.0, beta_fast=32.0, beta_slow=1.0,
                                     original_max_position_embeddings=4096))),
-    # families kvbench refuses (tests/models/test_family.py checks the refusal): an MoE family never checked against
-    # transformers, and Gemma 3 with bidirectional attention
-    "qwen3-moe": ("qwen3_moe", dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)),
+    "mixtral": ("mixtral", dict(sliding_window=None, num_local_experts=4, num_experts_per_tok=2)),
+    "qwen3-moe": ("qwen3_moe", dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                    norm_topk_prob=True)),
+    "glm4": ("glm4", dict(head_dim=16)),  # partial rotary 0.5 on interleaved pairs
+    "glm4-moe": ("glm4_moe", dict(head_dim=16, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                  first_k_dense_replace=1, use_qk_norm=True)),  # layer 0 dense, layer 1 MoE
+    "ministral": ("ministral", dict(head_dim=16, sliding_window=20, layer_types=["sliding_attention", "full_attention"])),
+    # yarn and the llama-4 attention temperature on queries, from position 32 on
+    "ministral3": ("ministral3", dict(head_dim=16, rope_parameters=dict(
+        rope_type="yarn", rope_theta=1000000.0, factor=256.0, original_max_position_embeddings=32, beta_fast=32.0,
+        beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0, llama_4_scaling_beta=0.1))),
+    "olmo3": ("olmo3", dict(sliding_window=16, layer_types=["sliding_attention", "full_attention"])),
+    "smollm3": ("smollm3", dict(no_rope_layers=[1, 0])),  # layer 1 has no RoPE
+    "exaone4": ("exaone4", dict(sliding_window=16, layer_types=["sliding_attention", "full_attention"])),  # NoPE global
+    # families kvbench refuses (tests/models/test_family.py checks the refusal): a hybrid linear-attention model,
+    # and Gemma 3 with bidirectional attention
+    "qwen3.5": ("qwen3_5_text", dict(head_dim=16, linear_key_head_dim=8, linear_value_head_dim=8,
+                                      linear_num_key_heads=2, linear_num_value_heads=4,
+                                      layer_types=["linear_attention", "full_attention"])),
     "gemma3-bidirectional": ("gemma3_text", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16,
                                                  use_bidirectional_attention=True)),
 }

@@ -26,7 +26,7 @@ from kvbench.models import build_tiny, family
 from kvbench.models.tiny import FAMILY_ARCHS, tiny_config
 from kvbench.policies import H2O, TOVA, Full, PyramidKV, SnapKV, StreamingLLM, Window
 
-REFUSED_ARCHS = ("qwen3-moe", "gemma3-bidirectional")  # tiny models of what kvbench refuses
+REFUSED_ARCHS = ("qwen3.5", "gemma3-bidirectional")  # tiny models of what kvbench refuses
 ARCHS = ["llama", "phi3", *[a for a in FAMILY_ARCHS if a not in REFUSED_ARCHS]]
 HF_EAGER = ("gemma2", "gpt-oss")  # transformers runs these eagerly (no SDPA for soft-capping / sinks)
 BACKENDS = ("sdpa", "eager", "fused")
@@ -70,6 +70,28 @@ def test_every_family_is_accepted_or_refused():
         assert why and "\n" not in why and family.family_of(tiny_config(arch)) in why
 
 
+def test_known_families_kvbench_cannot_run_say_why_in_one_line():
+    """Hybrid linear-attention, latent-attention, KV-sharing and chunked families: one line naming the family and
+    what its cache holds that kvbench's does not; their multimodal wrappers refuse through their text config."""
+    from transformers import AutoConfig
+
+    for model_type, reason in family.REFUSED.items():
+        why = family.refusal(AutoConfig.for_model(model_type))
+        assert why and "\n" not in why and model_type in why and reason in why, model_type
+    for wrapper, text in (("qwen3_5", "qwen3_5_text"), ("qwen3_5_moe", "qwen3_5_moe_text"), ("gemma4", "gemma4_text")):
+        assert family.refusal(AutoConfig.for_model(wrapper)).startswith(f"model family {text!r}")
+
+
+def test_smollm3_sliding_layers_need_use_sliding_window():
+    """SmolLM3 windows a sliding_attention layer only with use_sliding_window (its attention gets no window
+    otherwise, while transformers' mask still has one): refused then, read as windowed when set."""
+    cfg = tiny_config("smollm3")
+    cfg.layer_types, cfg.sliding_window = ["sliding_attention", "full_attention"], 16
+    assert "use_sliding_window=false" in family.refusal(cfg)
+    cfg.use_sliding_window = True
+    assert family.refusal(cfg) is None and family.kinds(cfg).windows == (16, None)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_full_cache_equals_hf_generate_float32(arch, prompts):
     """SDPA on the whole prompt, then eager or fused (alternating over the families; both for windowed or sink
@@ -85,7 +107,8 @@ def test_full_cache_equals_hf_generate_float32(arch, prompts):
 
 
 @pytest.mark.parametrize("arch", ["llama", "mistral-window", "qwen2-window", "phi3-window", "gemma2", "gemma3",
-                                  "starcoder2", "gpt-oss"])
+                                  "starcoder2", "gpt-oss", "mixtral", "qwen3-moe", "glm4", "glm4-moe", "ministral",
+                                  "ministral3", "olmo3", "smollm3", "exaone4"])
 def test_full_cache_equals_hf_generate_bfloat16(arch, prompts):
     """In bfloat16 with the attention transformers runs (tokens depend on the kernel's rounding)."""
     lm = model(arch, "bfloat16")
@@ -227,11 +250,11 @@ def test_loader_refuses_before_building_weights(monkeypatch):
         raise AssertionError("weights were built")
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config", boom)
-    with pytest.raises(ConfigError, match="qwen3_moe"):
-        build_tiny("t", arch="qwen3-moe", device="cpu")
+    with pytest.raises(ConfigError, match="qwen3_5_text.*linear-attention"):
+        build_tiny("t", arch="qwen3.5", device="cpu")
 
 
-@pytest.mark.parametrize("arch,fragment", [("qwen3-moe", "qwen3_moe"), ("gemma3-bidirectional", "bidirectional")])
+@pytest.mark.parametrize("arch,fragment", [("qwen3.5", "qwen3_5_text"), ("gemma3-bidirectional", "bidirectional")])
 def test_cli_refuses_a_family_before_loading(arch, fragment, capsys, tmp_path, monkeypatch):
     import transformers
 
@@ -255,7 +278,7 @@ def test_serve_refuses_a_windowed_model(capsys, tmp_path):
 # ------------------------------------------------------------------------- the model= choices, planned offline
 NEW_MODELS = {  # model= choice -> (parameters as published, in billions; windowed layers)
     "llama31-8b": (8.03, 0), "qwen3-8b": (8.19, 0), "mistral-7b-v03": (7.25, 0), "phi3-mini-4k": (3.82, 32),
-    "phi4-mini": (3.84, 0), "gemma3-4b": (3.88, 29), "gpt-oss-20b": (20.9, 12),
+    "phi4-mini": (3.84, 0), "gemma3-4b": (3.88, 29), "gpt-oss-20b": (20.9, 12), "qwen3-30b-a3b": (30.5, 0),
 }
 
 
@@ -287,6 +310,30 @@ def test_new_model_choices_plan_offline(name, tmp_path):
     assert "full KV cache of one longest sample" in table(rec)
 
 
+@pytest.mark.parametrize("name", ["ministral3-8b", "glm4-9b"])
+def test_shipped_choices_of_the_new_families_plan_offline(name, tmp_path):
+    """Text-decoder configs whose published parameter count kvbench could not check offline: they plan, as the
+    family kvbench runs them (full attention in every layer)."""
+    rec = _plan(f"model={name}", "plan.gpus=1", "plan.gpu_mem_mib=81920", "plan.prompt_tokens=4000",
+                "plan.backends=[sdpa]", "policy=h2o", "policy.kv_size=512", "gen.max_new_tokens=256",
+                "search.candidates=[1,2,4,8,16,32,64]", f"results_dir={tmp_path}")
+    assert rec["plan"]["model"]["attention_kinds"] == "full attention in every layer"
+    assert rec["model"] == name
+    rows = {r["method"]: r for r in rec["plan"]["rows"]}
+    assert rows["FKV"]["max_batch_size"] <= rows["H2O"]["max_batch_size"]
+
+
+@pytest.mark.parametrize("name,family_name,why", [
+    ("qwen35-27b", "qwen3_5_text", "linear-attention"), ("qwen35-35b-a3b", "qwen3_5_moe_text", "linear-attention"),
+    ("gemma4-31b", "gemma4_text", "head size"),
+])
+def test_shipped_choices_of_refused_families_refuse_the_plan_in_one_line(name, family_name, why, tmp_path):
+    with pytest.raises(ConfigError) as e:
+        _plan(f"model={name}", "plan.gpus=1", "plan.gpu_mem_mib=81920", "plan.prompt_tokens=4000",
+              "plan.backends=[sdpa]", f"results_dir={tmp_path}")
+    assert "\n" not in str(e.value) and f"model family {family_name!r}" in str(e.value) and why in str(e.value)
+
+
 def test_plan_refuses_a_policy_with_nothing_to_compress(tmp_path):
     """Phi-3-mini-4k's every layer has a window of 2047: sequences longer than it leave the policy no layer."""
     with pytest.raises(ConfigError, match="no full-attention layer"):
@@ -309,7 +356,8 @@ def test_gemma3_plan_credits_its_windows(tmp_path):
     assert "0 of" not in m["attention_kinds"] and "29 of 34 layers windowed (W=[1024])" == m["attention_kinds"]
 
 
-@pytest.mark.parametrize("arch", ["llama3", "qwen3", "olmo2", "granite", "cohere", "mistral"])
+@pytest.mark.parametrize("arch", ["llama3", "qwen3", "olmo2", "granite", "cohere", "mistral", "mixtral", "qwen3-moe",
+                                  "glm4", "glm4-moe", "ministral3", "smollm3"])
 def test_serve_equals_the_static_engine_on_full_attention_families(arch, prompts):
     """Serve mode (paged pool, continuous batching) gives the static engine's tokens on every family without
     windows, sinks or soft-capping; on the others it is refused (below, and in the preflight above)."""
