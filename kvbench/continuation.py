@@ -1,11 +1,16 @@
 """Log-likelihood of a continuation against the compressed cache of its context (lm-eval's `loglikelihood`).
 
 Per request the ids are context + continuation. The context less its last token is prefilled under the
-policy's schedule and compressed as a query-agnostic run compresses it (kvbench.engine: the
-continuation is the "question"); then one chunk brings the context's last token and the continuation but
-its last token, and its logits score every continuation token. So the continuation itself is never
-evicted, and nothing of it is seen before the context is compressed. Departure (said by the caller): the
-context's last token is processed with the continuation, after the compression, not inside the context.
+policy's schedule (its budget from the context's length), then compressed as the schedule compresses a
+prompt before its next token (`compress_for_reading`: after_prefill down to the budget; the other schedules,
+where the cache is full, down to the budget less evict_every), whatever the continuation. Then one chunk
+brings the context's last token and the continuation but its last token, and its logits score every
+continuation token: the continuation is read in full and never evicted, so the cache grows to hold the
+compressed context and the whole continuation (at most budget + continuation pairs), and every choice of a
+multiple-choice question is read against the same compressed context. Nothing of the continuation is seen
+before the compression. Departures (said by the caller): the context's last token is processed with the
+continuation, after the compression, not inside the context; and a continuation longer than the room the
+budget leaves is held whole, where a generation would evict while decoding.
 Batches are left-padded like generation's; returns (sum of log-probabilities, every token the argmax).
 """
 
@@ -16,10 +21,33 @@ from collections.abc import Sequence
 import torch
 
 from kvbench.attention import SCORE_CHUNK, kv_attention, resolve_backend
-from kvbench.engine import Batch, compress_context, evict_before_forward, pad_id
+from kvbench.budgets import rules
+from kvbench.cache import KVCache
+from kvbench.cache.evict import trim_windows
+from kvbench.engine import Batch, evict_before_forward, pad_id
 from kvbench.models.compat import cache_kwarg
 from kvbench.models.geometry import model_geometry
 from kvbench.policies.base import Policy
+from kvbench.schedule import rows_to_evict
+
+
+def compress_for_reading(cache: KVCache, q: torch.Tensor, policy: Policy) -> None:
+    """Before the q (B,) tokens to read: each group's context compressed as the schedule compresses a prompt
+    before its first decode step (kvbench.schedule.rows_to_evict), then grown, where it must be, to hold the q
+    tokens on top (windowed groups keep their window: their capacity already holds the widest forward)."""
+    trim_windows(cache.groups, q, cache.gather_layers)
+    with cache.timer("evict", cache.devices):
+        for g in cache.groups:
+            if g.sliding is not None:
+                continue
+            if policy.evicts:
+                k = torch.as_tensor(policy.kv_size if g.budget is None else g.budget, device="cpu").expand_as(q)  # (B,)
+                rows = rows_to_evict(g.load, torch.ones_like(q), policy, False, k, first_decode=True)
+                if rows is not None:
+                    cache.evict(rows, rules.keep(policy, k), policy, group=g)
+            need = int(g.n.max()) + int(q.max())  # the continuation is never evicted
+            if g.capacity < need:
+                cache.resize(need, group=g)
 
 
 @torch.inference_mode()
@@ -43,7 +71,7 @@ def _score_batch(model, ids: list[list[int]], n_cont: list[int], policy: Policy,
             evict_before_forward(cache, r, policy, True, None)
             forward(batch.chunk_ids(r, int(r.max())), r, 0)
         q = batch.question
-        compress_context(cache, q, policy, None, 1)
+        compress_for_reading(cache, q, policy)
         width = int(q.max())
         logits = forward(batch.chunk_ids(q, width), q, width).double()  # (B, width, V), right-aligned
         out = []

@@ -7,18 +7,23 @@
 entry points, so a bare `lm_eval` does not know the name; `import kvbench.lmeval` registers it in a
 Python session for `lm_eval.simple_evaluate(model="kvbench", ...)`).
 
-model_args: `model` a kvbench model config (kvbench/conf/model: smollm2-135m, tiny-llama...), `policy` a
-policy config (full, h2o, batch_max...), `device`, `dtype`, `attention` (gen.attention), `prefill_chunk`,
-`add_bos_token`; every other key is that policy's (`kv_size=256`, `evict_every`, `schedule`,
-`compression_ratio`...). They are composed with kvbench's own configs, so a bad key or value stops with
-kvbench's one-line error before the model loads.
+model_args (kvbench.lmeval_args): `model` a kvbench model config (kvbench/conf/model: smollm2-135m,
+tiny-llama...), `policy` a policy config (full, h2o, batch_max...), `device`, `dtype`, `attention`
+(gen.attention), `prefill_chunk`, `add_bos_token`, `max_gen_toks`, `prefix_token_id`; every other key is
+that policy's (`kv_size=256`, `evict_every`, `schedule`, `compression_ratio`...). A bad one stops with one
+line before the model loads: a ConfigError in Python, exit code 2 from `kvbench-lm-eval` (checked from the
+command line before lm_eval starts).
 
 Generation requests (`generate_until`) run through kvbench's engine at lm_eval's `--batch_size`, in the
 order lm_eval gives them (left-padded batches, the policy evicting during prefill and decode as
-configured), greedy only: a task asking for sampling is refused. The generation is cut at the request's
-`until` strings (and EOS). Log-likelihood requests (multiple choice) score the continuation against the
-compressed cache of its context (kvbench.continuation: the context compressed first, the continuation never
-evicted); `loglikelihood_rolling` (perplexity) is refused with one line.
+configured), greedy only: a task asking for sampling is refused. A request generates its `max_gen_toks`
+(or lm_eval's aliases `max_new_tokens`, `max_tokens`, `max_completion_tokens`), else the model_arg
+`max_gen_toks`, lm_eval's 256 by default (as its HFLM); the generation is cut at the request's `until`
+strings (and EOS). Log-likelihood requests (multiple choice) score the continuation against the compressed
+cache of its context (kvbench.continuation: the context compressed as the policy's schedule leaves it, the
+continuation read in full, never evicted); an empty context is conditioned on HFLM's `prefix_token_id`
+(the model_arg, else the tokenizer's BOS, else its EOS). `loglikelihood_rolling` (perplexity) is refused
+with one line.
 """
 
 from __future__ import annotations
@@ -33,67 +38,59 @@ except ImportError as e:  # the extra is missing: one line saying how to get it
 
 from kvbench.errors import ConfigError
 
-OWN_KEYS = {"model": "model", "policy": "policy", "device": "device", "dtype": "model.dtype",
-            "attention": "gen.attention", "prefill_chunk": "gen.prefill_chunk"}
 ROLLING_REFUSED = ("kvbench: the lm-eval model 'kvbench' does not run loglikelihood_rolling (perplexity) tasks: "
                    "a rolling window over a compressed cache is not defined")
-
-
-def overrides(model_args: dict) -> list[str]:
-    """kvbench config overrides from lm_eval's model_args (policy hyper-parameters under `policy.`)."""
-    out = []
-    for key, value in model_args.items():
-        target = OWN_KEYS.get(key, f"policy.{key}")
-        out.append(f"{target}={'null' if value is None else str(value).lower() if isinstance(value, bool) else value}")
-    return out
+MAX_TOKEN_KEYS = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completion_tokens")  # lm_eval's order
 
 
 @register_model("kvbench")
 class KVBenchLM(LM):
     """lm_eval's model over kvbench's engine and one eviction policy."""
 
-    def __init__(self, model: str = "smollm2-135m", policy: str = "full", batch_size: int | str = 1,
-                 max_batch_size: int | None = None, add_bos_token: bool = False, **kw):
+    def __init__(self, model: str = "smollm2-135m", policy: str = "full", batch_size: int | str = 1, **kw):
         super().__init__()
-        from hydra import compose, initialize_config_dir
-
-        from kvbench.config import CONF_DIR, build_policy, prepare
+        from kvbench.config import build_policy
+        from kvbench.lmeval_args import configure
         from kvbench.run.models import load_model
 
-        if str(batch_size).startswith("auto"):
-            raise ConfigError("batch_size", "auto is not supported by kvbench's lm-eval model: give a number",
-                              batch_size)
-        if kw.get("device") in (None, ""):
-            kw.pop("device", None)  # lm_eval's --device unset: kvbench's device=auto
-        args = overrides({"model": model, "policy": policy, **kw})
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="lm_eval"):
-            self.cfg = compose("config", overrides=args)
-        prepare(self.cfg)
+        setup = configure({"model": model, "policy": policy, "batch_size": batch_size, **kw})  # before any load
+        self.cfg = setup.cfg
         self.policy = build_policy(self.cfg)
+        self.batch_size, self.add_bos_token = setup.batch_size, setup.add_bos_token
+        self._max_gen_toks, self.custom_prefix_token_id = setup.max_gen_toks, setup.prefix_token_id
         self.lm = load_model(self.cfg)
-        self.batch_size = int(batch_size)
-        self.add_bos_token = bool(add_bos_token)
         self._device = str(self.lm.model.device)
         self.last_token_ids: list[list[int]] = []  # the last generate_until call's tokens (tests, debugging)
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
-        """lm_eval's --model_args (as a string or a dict); its --device (cuda:0 from the command line unless
-        given) is used only when the model_args name no device and CUDA is there (else kvbench's device=auto)."""
+        """lm_eval's --model_args as a string (`key=value,...`), with its own options (`from_lm_eval`)."""
         from lm_eval import utils
 
         return cls.create_from_arg_obj(utils.simple_parse_args_string(arg_string), additional_config)
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None):
-        args = dict(arg_dict)
-        extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
-        device = extra.pop("device", None)
-        if "device" not in args and device and (not str(device).startswith("cuda") or _cuda()):
-            args["device"] = device
-        return cls(**args, **extra)
+        """lm_eval's model_args as a dict; batch_size, max_batch_size and device come from lm_eval's own options
+        (kvbench.lmeval_args.from_lm_eval: in model_args they are refused)."""
+        from kvbench.lmeval_args import from_lm_eval
 
-    # ------------------------------------------------------------------ chat templates (--apply_chat_template)
+        return cls(**from_lm_eval(arg_dict, additional_config))
+
+    # ------------------------------------------------------------------ lm_eval's conventions (as its HFLM)
+    @property
+    def max_gen_toks(self) -> int:
+        """Tokens a generation request makes unless it says: the model_arg, lm_eval's 256 by default."""
+        return self._max_gen_toks
+
+    @property
+    def prefix_token_id(self) -> int:
+        """What an empty context is conditioned on: the model_arg, else the tokenizer's BOS, else its EOS."""
+        if self.custom_prefix_token_id is not None:
+            return self.custom_prefix_token_id
+        tok = self.lm.tokenizer
+        return tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+
     @property
     def tokenizer_name(self) -> str:
         return str(self.cfg.model.get("name", "kvbench")).replace("/", "__")
@@ -107,20 +104,22 @@ class KVBenchLM(LM):
 
     # ------------------------------------------------------------------ requests
     def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
-        """lm-eval's split: the context's trailing spaces go to the continuation; an empty context is EOS."""
+        """lm_eval's split: the context's trailing spaces go to the continuation; an empty context is
+        `prefix_token_id` (or the continuation's first token, where that is the same token), as lm_eval's LM."""
+        tok = self.lm.tokenizer
+        if not context:
+            cont = tok(continuation, add_special_tokens=False)["input_ids"]
+            return ([self.prefix_token_id], cont) if cont[:1] != [self.prefix_token_id] else (cont[:1], cont[1:])
         n_spaces = len(context) - len(context.rstrip())
         if n_spaces:
             continuation, context = context[-n_spaces:] + continuation, context[:-n_spaces]
-        tok = self.lm.tokenizer
         whole = tok(context + continuation, add_special_tokens=self.add_bos_token)["input_ids"]
-        ctx = tok(context, add_special_tokens=self.add_bos_token)["input_ids"] if context else []
-        if not ctx:
-            ctx, whole = [self.lm.eos_token_ids[0]], [self.lm.eos_token_ids[0]] + whole
+        ctx = tok(context, add_special_tokens=self.add_bos_token)["input_ids"]
         return ctx, whole[len(ctx):]
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        """log P(continuation | context) with the context's cache compressed by the policy first (query-agnostic:
-        kvbench.continuation), in lm_eval's order and batch size."""
+        """log P(continuation | context) with the context's cache compressed by the policy first, the
+        continuation never evicted (kvbench.continuation), in lm_eval's order and batch size."""
         from kvbench.continuation import continuation_logprobs
 
         pairs = [self._encode_pair(*req.args) for req in requests]
@@ -149,7 +148,7 @@ class KVBenchLM(LM):
                                           f"temperature={gen.get('temperature')})")
             until = gen.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
-            max_new = int(gen.get("max_gen_toks") or self.cfg.gen.max_new_tokens)
+            max_new = int(next((gen[k] for k in MAX_TOKEN_KEYS if gen.get(k) is not None), self.max_gen_toks))
             settings.append((context, until))
             groups.setdefault((tuple(until), max_new), []).append(i)
         outputs: list[str | None] = [None] * len(requests)
@@ -174,14 +173,18 @@ class KVBenchLM(LM):
         return outputs
 
 
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def main() -> None:
-    """`kvbench-lm-eval`: lm_eval's command line with the `kvbench` model registered."""
+    """`kvbench-lm-eval`: lm_eval's command line with the `kvbench` model registered; bad model_args (or
+    batch size) for it end the command with one line and exit code 2 before lm_eval starts."""
+    from kvbench.lmeval_args import command_line, configure
+
+    try:
+        kwargs = command_line(sys.argv[1:])
+        if kwargs is not None:
+            configure(kwargs)
+    except ConfigError as e:
+        print(f"kvbench-lm-eval: error: {e}", file=sys.stderr)
+        sys.exit(2)
     from lm_eval.__main__ import cli_evaluate
 
     try:

@@ -10,6 +10,8 @@ without loading weights:
   pool); with `--cfg job` it composes. A `$ ` command shown with a `kvbench: error: ...` line must stop
   with that line (`(...)` stands for any text);
 - `kvbench-plan`: its preflight (`kvbench.capacity.preflight`);
+- `kvbench-lm-eval`: `--model kvbench` and `--tasks` given, and the console script's preflight of the model_args
+  (`kvbench.lmeval_args`), with a shown `kvbench-lm-eval: error: ...` line as for `kvbench`;
 - `kvbench-report DIR`: run on DIR's committed records (into a temporary folder, no plots); a DIR with no
   records in the checkout (the default `outputs` a documented sweep writes) is run on a committed one;
 - `kvbench-gpu-check`, `pip install 'kvbench[extra]'`: the console script and the extra exist;
@@ -174,7 +176,7 @@ def _error_pattern(line: str) -> str:
     return ".*".join(re.escape(part) for part in line.split("(...)"))
 
 
-def check_kvbench(cmd: Command, args: list[str], monkeypatch, request) -> None:
+def check_kvbench(cmd: Command, args: list[str], monkeypatch, request, check=None) -> None:
     from kvbench import capacity, cli
     from kvbench.cli import _message
 
@@ -184,7 +186,7 @@ def check_kvbench(cmd: Command, args: list[str], monkeypatch, request) -> None:
         request.getfixturevalue("no_writes_no_hub")
     else:  # shown refused: the same on any machine (a Hub model is never in this machine's cache)
         monkeypatch.setenv("HF_HUB_CACHE", str(request.getfixturevalue("tmp_path") / "empty-hub-cache"))
-    check = capacity.preflight if prog == "kvbench-plan" else cli.preflight
+    check = check or (capacity.preflight if prog == "kvbench-plan" else cli.preflight)
     try:
         check(args)
     except Exception as e:
@@ -255,13 +257,13 @@ def test_documented_command(cmd, data_dir, monkeypatch, request, tmp_path):
         parsed.depths = parsed.depths[:1]
         for job in needle.jobs(parsed, rest):
             check_kvbench(cmd, job, monkeypatch, request)
-    elif prog == "kvbench-lm-eval":  # lm_eval's own flags, then the model_args as kvbench's preflight sees them
-        from kvbench import lmeval
+    elif prog == "kvbench-lm-eval":  # lm_eval's own flags, then the console script's preflight of its model_args
+        from kvbench import lmeval_args
 
         flags = dict(zip(args[::2], args[1::2], strict=False))
         assert flags.get("--model") == "kvbench" and flags.get("--tasks"), f"{cmd.id}: --model kvbench --tasks"
-        model_args = dict(kv.split("=", 1) for kv in flags.get("--model_args", "").split(",") if kv)
-        check_kvbench(cmd, lmeval.overrides(model_args), monkeypatch, request)
+        check_kvbench(cmd, args, monkeypatch, request,
+                      lambda a: lmeval_args.configure(lmeval_args.command_line(a)))
     else:
         assert _is_command(prog), f"{cmd.id}: no check for {prog}: add one to this test"
         check_other(cmd)
