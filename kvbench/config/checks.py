@@ -27,6 +27,8 @@ from kvbench.config.schema import MODES, SERVE_MODES
 from kvbench.config.serve_checks import check_serve
 from kvbench.errors import ConfigError
 
+DTYPE_NAMES = ("float32", "float16", "bfloat16", "float64")  # kvbench.models.base.DTYPES' names (no torch here)
+
 
 def prepare(cfg: DictConfig) -> None:
     """Apply cfg's presets in place (`apply_presets`), then `check_config`: the config a run uses, or the
@@ -49,6 +51,9 @@ def check_config(cfg: DictConfig) -> None:
         raise ConfigError("gen.max_new_tokens", "must be a positive integer", cfg.gen.max_new_tokens)
     if cfg.gen.prefill_chunk is not None and cfg.gen.prefill_chunk <= 0:
         raise ConfigError("gen.prefill_chunk", "must be a positive integer or null", cfg.gen.prefill_chunk)
+    dtype = cfg.model.get("dtype")
+    if dtype is not None and dtype != "auto" and dtype not in DTYPE_NAMES:  # before any loader reads it
+        raise ConfigError("model.dtype", f"must be auto or one of {', '.join(DTYPE_NAMES)}", dtype)
     from kvbench.attention import BACKENDS, flash_available
 
     if cfg.gen.attention not in BACKENDS:

@@ -85,3 +85,19 @@ def test_presets_are_accepted_and_refused_as_before(overrides, line):
         with pytest.raises(ConfigError) as e:
             config.check_config(cfg)
         assert str(e.value) == line
+
+
+def test_a_bad_dtype_is_refused_by_the_pure_check_whatever_was_loaded_before():
+    """model.dtype is checked on the config itself: the preflight's config cache ignores the dtype (it does not
+    change the tokenizer), so a bad dtype after a good one in one process (a multirun) used to pass until load."""
+    from kvbench.config.checks import DTYPE_NAMES
+    from kvbench.models.base import DTYPES
+
+    assert DTYPE_NAMES == tuple(DTYPES)  # the names the loaders accept, without importing torch in the check
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        good = compose("config", overrides=["model=tiny-llama", "model.dtype=float32"])
+        bad = compose("config", overrides=["model=tiny-llama", "model.dtype=float17"])
+    config.check_config(good)
+    with pytest.raises(ConfigError) as e:
+        config.check_config(bad)
+    assert e.value.key == "model.dtype"

@@ -61,7 +61,8 @@ CASES = {
         ("tokens", ["--prompt-tokens", "0"], "--prompt-tokens"),
     ],
 }
-# the lm-eval adapter's refusals are its own module's test (tests/core/test_lmeval.py)
+# the lm-eval adapter's refusals (its console script with typos, wrong types, unknown names) are
+# tests/core/test_lmeval_args.py's
 ELSEWHERE = {"kvbench-lm-eval"}
 IDS = [f"{script}:{case}" for script, cases in CASES.items() for case, _, _ in cases]
 
