@@ -67,6 +67,25 @@ class BlockRule:
             return not req.compressed and req.num_computed >= len(req.prompt)
         return self.in_prefill or req.num_computed >= len(req.prompt)
 
+    def span(self, req) -> int:
+        """The most tokens the request's next chunk may feed: a recomputed request (prompt + its output so far,
+        after a preemption) must meet its rule where its first run did, so no chunk crosses a point where the
+        first run evicted. The prompt's end: the one compression (after_prefill) and a decode_only request's first
+        eviction happen there, over the prompt alone. Past it, under the schedules that evict while decoding, the
+        next decode step that evicted: the first run fed one token a step and evicted e1 blocks before a token
+        when it would go over budget, so the chunk evicts those e1 blocks and then feeds what fits without another
+        eviction (a causal chunk gives each of its queries the keys, and the attention statistics, its decode
+        step had). after_prefill evicts nothing after the compression: the output replays in chunks."""
+        if not self.evicts or req.budget is None:
+            return req.remaining
+        if req.num_computed < len(req.prompt):
+            return len(req.prompt) - req.num_computed
+        if self.once:
+            return req.remaining
+        bs = self.block_size
+        e1 = torch.clamp(-(-(req.held + 1 - req.budget) // bs), min=0)  # (L, H) blocks one decode token evicts
+        return min(req.remaining, int((req.budget - req.held + e1 * bs).min()))
+
     def evictable_end(self, held: torch.Tensor, recent: torch.Tensor) -> torch.Tensor:
         """(L, H) end of the evictable area (logical blocks [start_blocks, end)): full blocks older than the
         recent area."""

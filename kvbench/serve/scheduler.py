@@ -2,7 +2,8 @@
 
 Each step, with a budget of `max_tokens_per_step` tokens:
 1. running requests in FCFS (arrival) order each get their next chunk: the rest of their prompt
-   (chunked prefill, up to the budget left) or one decode token. A request whose (layer, KV head) would
+   (chunked prefill, up to the budget left) or one decode token (a recomputed request: its output so far, in
+   chunks that stop where its first run evicted, `BlockRule.span`). A request whose (layer, KV head) would
    go over its budget first evicts the fewest whole blocks that keep it within (`BlockRule.plan`; which
    blocks: the `evictor` callback, by score; schedule=after_prefill: once, when its prompt is computed).
    If the chunk's new pages are not free, the latest-arrived running request is preempted (all its pages
@@ -104,7 +105,7 @@ class Scheduler:
 
     def _chunk(self, req: Request, budget: int) -> tuple[int, torch.Tensor | None]:
         """(tokens, (L, H) blocks to evict, or None) for the request's next chunk within `budget` tokens."""
-        k = min(req.remaining, budget)
+        k = min(self.rule.span(req), budget)
         if k > 0 and self.rule.applies(req):
             if self.rule.once and self.reallocate is not None:
                 self.reallocate(req)

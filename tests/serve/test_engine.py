@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from kvbench import engine
-from kvbench.policies import H2O, BatchMax, Full, Window
+from kvbench.errors import ConfigError
+from kvbench.policies import H2O, BatchMax, Full, SnapKV, Window, registry
 from kvbench.serve.engine import serve
 from kvbench.serve.request import Request
 from tests.conftest import random_prompts
@@ -43,6 +46,68 @@ def test_preemption_recompute_is_exact(tiny_llama):
     out = serve(tiny_llama.model, reqs, Full(), num_blocks=14, block_size=4, max_tokens_per_step=32)  # 56 slots
     assert out.preemptions > 0 and out.recomputed_tokens > 0
     assert [r.output for r in reqs] == want
+
+
+def preempted_while_generating(monkeypatch) -> list[int]:
+    """Spy on the scheduler: how many tokens each preempted request had generated when it was preempted."""
+    from kvbench.serve.scheduler import Scheduler
+
+    seen, preempt = [], Scheduler._preempt
+    monkeypatch.setattr(Scheduler, "_preempt", lambda self, req, plan: seen.append(len(req.output)) or preempt(self, req, plan))
+    return seen
+
+
+def _after_prefill(cls):
+    """The registered policy at kv 8 under after_prefill (a 4-query observation window where it has one)."""
+    window = {"window": 4} if "window" in {f.name for f in dataclasses.fields(cls)} else {}
+    return cls(kv_size=8, schedule="after_prefill", evict_every=1, **window)
+
+
+EVICTING = sorted(n for n, cls in registry().items() if cls().evicts)  # every registered policy but full
+NOT_AFTER_PREFILL = {"extreme_decode"}  # Algorithm 2 is decoding-only: it refuses schedule=after_prefill
+
+
+def test_every_evicting_policy_but_algorithm_2_runs_after_prefill():
+    refused = set()
+    for name in EVICTING:
+        try:
+            _after_prefill(registry()[name])
+        except ConfigError:
+            refused.add(name)
+    assert refused == NOT_AFTER_PREFILL  # a new policy joins the test below, or says here why it cannot
+
+
+@pytest.mark.parametrize("name", sorted(set(EVICTING) - NOT_AFTER_PREFILL))
+def test_after_prefill_preempted_mid_generation_matches_the_static_engine(tiny_llama, name, monkeypatch):
+    """A request preempted after it began generating is recomputed as it was computed: its prompt compressed at
+    the prompt's end (not over prompt + output), then its output replayed; so its tokens stay the static engine's."""
+    policy = _after_prefill(registry()[name])
+    prompts = random_prompts((28, 24, 28, 14), seed=21)
+    want = engine.generate(tiny_llama.model, tiny_llama.tokenizer, prompts, policy, batch_size=1, max_new_tokens=12,
+                           eos_token_ids=[]).token_ids
+    seen = preempted_while_generating(monkeypatch)
+    reqs = requests(prompts, 12)
+    out = serve(tiny_llama.model, reqs, policy, num_blocks=32, block_size=1, max_tokens_per_step=32)
+    assert out.evicted_blocks > 0 and max(seen) >= 4  # preempted after 4 or more generated tokens
+    assert [r.output for r in reqs] == want
+
+
+@pytest.mark.parametrize("policy", [H2O(kv_size=8, evict_every=1, schedule="decode_only"),
+                                    SnapKV(kv_size=8, window=4, evict_every=1, schedule="decode_only")],
+                         ids=lambda p: p.name)
+def test_decode_only_preempted_mid_generation_keeps_its_tokens(tiny_llama, policy, monkeypatch):
+    """decode_only evicts while decoding, by scores that include the generated tokens' queries: the recompute
+    feeds the prompt, then replays the output in chunks that stop where the first run evicted, so the cache
+    and the tokens are those of the same requests served without preemption (not the static engine's:
+    whole blocks at other moments, docs/serving.md)."""
+    prompts = random_prompts((5, 6, 3, 9), seed=21)
+    alone = requests(prompts, 12)
+    serve(tiny_llama.model, alone, policy, num_blocks=500, block_size=2, max_tokens_per_step=32)
+    seen = preempted_while_generating(monkeypatch)
+    reqs = requests(prompts, 12)
+    out = serve(tiny_llama.model, reqs, policy, num_blocks=15, block_size=2, max_tokens_per_step=32)
+    assert out.evicted_blocks > 0 and max(seen) >= 4
+    assert [r.output for r in reqs] == [r.output for r in alone]
 
 
 def test_eos_is_honoured(tiny_llama):

@@ -50,3 +50,27 @@ def test_rule_areas_and_full():
     from kvbench.serve.request import Request
 
     assert not BlockRule.of(Full(), 8).applies(Request(0, [1] * 10, 4, num_computed=100))
+
+
+def test_a_recompute_stops_where_the_first_run_evicted():
+    """BlockRule.span: a recomputed request's chunk never crosses the prompt's end (where after_prefill compresses and
+    decode_only first evicts), nor, under the schedules that evict while decoding, the next decode step that evicted
+    (the chunk evicts that step's blocks, then feeds what fits); after_prefill replays its output whole."""
+    from kvbench.serve.request import Request
+
+    def req(rule, prompt, output, computed, held):
+        r = Request(0, [1] * prompt, 32, output=[2] * output, num_computed=computed)
+        r.held, r.budget = torch.tensor([[held, held - 1]]), torch.tensor([[16, 16]])
+        return rule.span(r)
+
+    decode = BlockRule.of(H2O(kv_size=16, evict_every=1, schedule="decode_only"), 4)
+    once = BlockRule.of(H2O(kv_size=16, evict_every=1, schedule="after_prefill"), 4)
+    for rule in (decode, once):
+        assert req(rule, 30, 10, 0, 0) == 30 and req(rule, 30, 10, 12, 12) == 18  # the prompt's end
+    assert req(once, 30, 10, 30, 16) == 10  # compressed once, then the whole output
+    # two heads holding (h, h - 1), budget 16, 4-slot blocks, H2O's 8 recent pairs; the first run fed one token a step
+    assert req(decode, 30, 10, 30, 30) == 2  # head 0 evicts 4 blocks (30 -> 14), then 2 tokens reach 16
+    assert req(decode, 30, 10, 33, 16) == 1  # head 0 evicts a block now, head 1 (15) before the token after
+    assert req(decode, 30, 10, 34, 14) == 2  # nothing goes yet: head 0 (14) reaches 16 after 2 tokens
+    assert req(decode, 30, 10, 39, 15) == 1  # the last output token
+    assert BlockRule.of(Full(), 4).span(Request(0, [1] * 30, 32, output=[2] * 10)) == 40
