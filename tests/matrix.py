@@ -236,7 +236,8 @@ def serve_budget_refusal(c: Combo) -> str | None:
     keys = {**policy_config(c.policy), **c.knobs(), **(OPENVINO if c.preset and c.policy == "h2o" else {})}
     if not c.evicts or keys["schedule"] == "after_prefill":
         return None
-    return refused_key(keys, c.budget, PROMPT_TOKENS, LAYERS, BLOCK)
+    kind = "kv_size" if c.policy == "extreme_decode" else c.budget  # it keeps one pair, whatever the prompt
+    return refused_key(keys, kind, PROMPT_TOKENS, LAYERS, BLOCK)
 
 
 def named(line: str) -> str:
