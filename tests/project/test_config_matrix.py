@@ -28,8 +28,6 @@ as ignored.
 
 from __future__ import annotations
 
-import gzip
-import json
 import os
 import sys
 import types
@@ -51,37 +49,35 @@ from kvbench.serve.model_runner import ModelRunner
 from kvbench.serve.scheduler import Scheduler
 from tests.conftest import assert_one_line_exit_2
 from tests.matrix import (
+    BLOCK,
     COMPRESSION_RATIO,
     EVICT_EVERY,
     KV_RATIO,
     KV_SIZE,
     NEW_TOKENS,
-    QUESTIONS,
+    PROMPT_TOKENS,
     SAMPLES,
     SWEEPS,
     Combo,
+    argv,
     expected_extensions,
+    named,
     pairwise,
     product,
     refusal,
     uses,
+    write_mirror,
 )
 
 FULL = os.environ.get("KVBENCH_MATRIX") == "full"
 COMBOS = product() if FULL else pairwise(seed=0)
-BLOCK = 16  # serve.block_size (default)
-PROMPT_TOKENS = {m: (161, 214, 273) for m in ("tiny-llama", "tiny-phi3")}  # QUESTIONS on the byte tokenizer
 GEOMETRY = {"tiny-llama": (2, 2, 16), "tiny-phi3": (2, 4, 16)}  # (layers, KV heads, head dim): tests/conftest's models
 ELEM = {"float32": 4, "bfloat16": 2}
 
 
 @pytest.fixture(scope="module")
 def mirror(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data")
-    (root / "gsm8k").mkdir()
-    with gzip.open(root / "gsm8k" / "test.jsonl.gz", "wt") as f:
-        f.writelines(json.dumps({"question": q, "answer": f"So {i}.\n#### {i}"}) + "\n" for i, q in enumerate(QUESTIONS))
-    return root
+    return write_mirror(tmp_path_factory.mktemp("data"))
 
 
 class Spy:
@@ -194,12 +190,6 @@ class FakeWandb:
         return run
 
 
-def argv(combo: Combo, mirror, results) -> list[str]:
-    return [*combo.overrides(), "task=gsm8k", f"data.dir={mirror}", f"task.n_samples={SAMPLES}", "task.n_shot=0",
-            f"gen.max_new_tokens={NEW_TOKENS}", "gen.ignore_eos=true", "logger=wandb", "device=cpu",
-            f"results_dir={results}", "serve.plot=false"]
-
-
 @pytest.mark.parametrize("combo", COMBOS, ids=[c.id for c in COMBOS])
 def test_refused_up_front_or_a_true_record(combo, mirror, tmp_path, monkeypatch, capsys):
     args = argv(combo, mirror, tmp_path)
@@ -207,8 +197,7 @@ def test_refused_up_front_or_a_true_record(combo, mirror, tmp_path, monkeypatch,
     if keys is not None:
         monkeypatch.setattr(kvrun.models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
         err = assert_one_line_exit_2(cli.main, args, capsys, "")
-        named = err.removeprefix("kvbench: error: ").split(":")[0].split("=")[0]  # "kvbench: error: <key>=<value>: why"
-        assert named in keys, (keys, err)
+        assert named(err) in keys, (keys, err)
         assert not (tmp_path / "runs.jsonl").exists()
         return
     cli.preflight(args)  # the CLI's preflight accepts it (no model needed)
@@ -233,7 +222,7 @@ def check_limits(c: Combo, rec: dict, spy: Spy) -> None:
     assert spy.backends == set() and rec["attention"] is None and rec["predictions_path"] is None
     lim = rec["serve_limits"]
     longest = lim["longest_generation"]
-    assert longest["prompt_tokens"] == max(PROMPT_TOKENS[c.model])
+    assert longest["prompt_tokens"] == max(PROMPT_TOKENS)
     if not c.evicts:  # the pool (256 x 16 slots) less the prompt, + 1: the newest token is never cached
         assert (longest["tokens"], longest["capped"]) == (256 * 16 - longest["prompt_tokens"] + 1, False)
     elif c.schedule == "after_prefill":  # the prompt compressed once, to at most its budget in whole blocks, then

@@ -525,14 +525,20 @@ def test_crosscheck_table_and_prose():
 
 # ------------------------------------------------------------------------------------ docs/matrix.md
 def test_matrix_counts():
-    """(The re-rotation errors docs/matrix.md quotes are checked by tests/cache/test_rotate_half.py, which computes them.)"""
-    from tests.matrix import pairwise, product, refusal
+    """The whole product's counts and the preflight pass's time from its record (tests/data/matrix_product.json,
+    recomputed against the oracle by tests/project/test_matrix_preflight.py, against the preflight by its
+    `-m product` test); the cover over the recorded policies. (The re-rotation errors docs/matrix.md quotes are
+    checked by tests/cache/test_rotate_half.py, which computes them.)"""
+    from tests.matrix import POLICIES, pairwise, refusal
+    from tests.matrix_preflight import SAMPLE, recorded
 
-    full = product()
-    refused = sum(1 for c in full if refusal(c))
-    cover = pairwise()
+    rec = recorded()
+    cover = pairwise(policies=tuple(p for p in POLICIES if p in rec["policies"]))
     states("docs/matrix.md", f"**pairwise cover** ({len(cover)} combinations, {sum(1 for c in cover if refusal(c))} of them refused)",
-           f"({len(full):,} combinations: {refused:,} are refused before any model loads, {len(full) - refused:,} run;")
+           f"of its {rec['combinations']:,} combinations, {rec['refused']:,} are refused before any model loads and "
+           f"{rec['accepted']:,} run",
+           f"{rec['pass']['cpu_s']} s of CPU time on one {rec['pass']['machine']} core)",
+           f"checks a seeded sample of {SAMPLE:,},")
 
 
 # -------------------------------------------------------------------------------- results/baselines
