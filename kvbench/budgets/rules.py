@@ -7,8 +7,9 @@ Budgets: `kv_size` pairs per (layer, sample); or per sample, `kv_ratio` (ceil(ra
 or `compression_ratio` (kvpress's kept count, int(prompt length x (1 - compression_ratio))): samples of
 one batch then hold different budgets. A budget is never below `min_budget` (evict_every + the protected
 pairs + 1: an eviction must leave a choice; 1 under after_prefill, which keeps exactly the budget).
-A policy may give layers different budgets (`layer_budgets`, PyramidKV: a rule in its own file);
-`recent_pairs` says how many of the newest pairs a budget protects (`protect_recent=None`: half of it, H2O). The slots the cache preallocates (`capacities`) are what each sample's
+A policy may give layers different budgets (`layer_budgets`, PyramidKV: a rule in its own file, spanning the
+layers the policy compresses); `recent_pairs` says how many of the newest pairs a budget protects
+(`protect_recent=None`: half of it, H2O). The slots the cache preallocates (`capacities`) are what each sample's
 budget needs, never more than the sample can hold (its prompt + new tokens).
 
 Head budgets (`head_budget`): `uniform`, every KV head of a layer holds the layer's budget; `adaptive`
@@ -149,12 +150,21 @@ def sample_budgets(policy, lengths: list[int]) -> torch.Tensor:
     return torch.tensor([max(least, k) for k in want], dtype=torch.long, device="cpu")
 
 
-def layer_budgets(policy, lengths: list[int], layers: int) -> torch.Tensor | None:
+def layer_budgets(policy, lengths: list[int], layers: int, compressed: list[int] | None = None) -> torch.Tensor | None:
     """(L, B) pairs layer l of sample b may hold (per head, on average); None for the full cache. The policy's
-    own `layer_budgets` rule when it has one (PyramidKV), else the sample's budget in every layer."""
+    own `layer_budgets` rule when it has one (PyramidKV), else the sample's budget in every layer. `compressed`:
+    the layers the policy compresses (None: all; windowed layers hold their window, kvbench.models.family): the
+    rule spans those alone (PyramidKV's pyramid over them, so their mean is the nominal budget); the others
+    carry the sample's budget, never read."""
     if not evicts(policy):
         return None
-    return policy.layer_budgets(sample_budgets(policy, lengths), layers, lengths)
+    per_sample = sample_budgets(policy, lengths)  # (B,)
+    if compressed is None:
+        return policy.layer_budgets(per_sample, layers, lengths)
+    out = per_sample[None, :].expand(layers, -1).clone()  # (L, B)
+    if compressed:
+        out[list(compressed)] = policy.layer_budgets(per_sample, len(compressed), lengths)
+    return out
 
 
 def head_slots(policy, pairs, heads: int | None):

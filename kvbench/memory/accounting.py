@@ -166,8 +166,8 @@ def account(
     B, longest = len(lengths), max(lengths)
     layer_devices = [dev for dev, L in s.layers.items() for _ in range(L)]
     windows = effective_windows(list(s.windows) or [None] * len(layer_devices), longest + max_new_tokens)
-    budgets = policy.budgets(lengths, len(layer_devices))  # (L, B) or None
     full = [w is None for w in windows]
+    budgets = rules.layer_budgets(policy, lengths, len(layer_devices), [i for i, f in enumerate(full) if f])  # (L, B)
     full_budgets = None if budgets is None or not any(full) else budgets[full]
     widest = max(int(r.max()) for r in prefill_chunks(lengths, policy, prefill_chunk, full_budgets))
     caps = layer_capacities(rules.capacities(policy, lengths, max_new_tokens, budgets, s.kv_heads), windows, lengths,

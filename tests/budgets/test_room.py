@@ -121,6 +121,18 @@ def test_capacity_is_capped_at_what_each_sample_holds():
     assert rules.capacities(a, [10, 30], 4, torch.tensor([[64, 64]])) == [34]
 
 
+def test_pyramid_spans_the_compressed_layers():
+    """PyramidKV over the layers the policy compresses (the others windowed): their budgets are the pyramid of
+    that many layers, averaging the nominal budget; one compressed layer holds the nominal budget itself."""
+    p = PyramidKV(kv_ratio=0.5, schedule="after_prefill", window=8)
+    alone = rules.layer_budgets(p, [400], 2)[:, 0]  # the pyramid of 2 layers: 2 x 200 - 200 / 20, 200 / 20
+    assert alone.tolist() == [390, 10]
+    six = rules.layer_budgets(p, [400], 6, compressed=[2, 5])[:, 0]  # 2 of 6 layers compressed
+    assert six[[2, 5]].tolist() == alone.tolist()
+    assert rules.layer_budgets(p, [400], 2, compressed=[1])[1, 0] == 200  # one layer: the nominal budget
+    assert rules.layer_budgets(p, [400], 1)[:, 0].tolist() == [200]
+
+
 @pytest.mark.parametrize("bad", [dict(head_budget="per_head"), dict(head_floor=1.5), dict(head_floor=True)])
 def test_head_budget_knobs_are_checked(bad):
     with pytest.raises(ConfigError, match="policy.head_"):
