@@ -1,7 +1,8 @@
 """The configuration matrix: every option the docs offer as a choice, against every other.
 
 Axes (`AXES`): every registered policy (PyramidKV is the per-layer budget kind), `policy.schedule` (the three),
-the budget kind (`kv_size`, `kv_ratio` or kvpress's `compression_ratio`), `mode` (run, serve, serve_limits), `serve.eviction` (policy, openvino),
+the budget kind (`kv_size`, `kv_ratio` or kvpress's `compression_ratio`, or `kv_size_above`: a kv_size above every
+prompt + new tokens, which never evicts and must cost no more than the full cache), `mode` (run, serve, serve_limits), `serve.eviction` (policy, openvino),
 `gen.attention`, `policy.rerotate`, the model (tiny Llama with GQA, tiny Phi-3 without), the batch (1, or
 3 prompts of different lengths, left-padded), the model's dtype (float32, bfloat16) and `policy.head_budget`
 (uniform, or AdaKV's adaptive split of a layer's budget over its KV heads). A point of the product is a `Combo`.
@@ -37,7 +38,7 @@ POLICIES = tuple(registry())  # every registered policy (a new one joins the mat
 AXES = {
     "policy": POLICIES,
     "schedule": ("prefill_and_decode", "decode_only", "after_prefill"),
-    "budget": ("kv_size", "kv_ratio", "compression_ratio"),
+    "budget": ("kv_size", "kv_ratio", "compression_ratio", "kv_size_above"),
     "mode": ("run", "serve", "serve_limits"),
     "eviction": ("policy", "openvino"),
     "attention": ("auto", "sdpa", "eager", "fused"),
@@ -48,6 +49,7 @@ AXES = {
     "head_budget": ("uniform", "adaptive"),
 }
 KV_SIZE, KV_RATIO, COMPRESSION_RATIO, EVICT_EVERY, NEW_TOKENS, SAMPLES, WINDOW = 48, 0.5, 0.75, 8, 6, 3, 16
+KV_ABOVE = 512  # kv_size_above: more than the longest prompt (273 tokens) + NEW_TOKENS, a whole number of blocks
 QUESTIONS = (  # GSM8K-style rows of different lengths: prompts of 161, 214 and 273 tokens on the byte tokenizer
     "What is 2 + 3?",
     "Tom has 4 apples and buys 3 more. How many apples does he have now?",
@@ -118,7 +120,7 @@ class Combo:
         elif self.budget == "compression_ratio":
             out.append(f"policy.compression_ratio={COMPRESSION_RATIO}")
         elif self.policy not in ("full", "extreme_decode") and not self.preset:
-            out.append(f"policy.kv_size={KV_SIZE}")
+            out.append(f"policy.kv_size={KV_ABOVE if self.budget == 'kv_size_above' else KV_SIZE}")
         if self.policy not in ("full", "extreme_decode"):
             out.append(f"policy.evict_every={EVICT_EVERY}")
         if "window" in OWN_KEYS.get(self.policy, ()):  # snapkv, pyramidkv
@@ -126,6 +128,16 @@ class Combo:
         if self.head_budget != "uniform":
             out.append(f"policy.head_budget={self.head_budget}")
         return out
+
+    @property
+    def per_prompt(self) -> bool:
+        """A budget per prompt (kv_ratio, compression_ratio), not a kv_size."""
+        return self.budget in ("kv_ratio", "compression_ratio")
+
+    @property
+    def holds_whole(self) -> bool:
+        """kv_size_above applied: the budget holds every sequence whole, so nothing is ever evicted."""
+        return self.budget == "kv_size_above" and self.policy not in ("full", "extreme_decode") and not self.preset
 
     @property
     def preset(self) -> bool:
@@ -140,7 +152,7 @@ class Combo:
 def violations(c: Combo) -> list[tuple[str, ...]]:
     """The documented refusals this combination meets: for each, the keys its one-line message may name."""
     out = []
-    per_prompt = c.budget != "kv_size"
+    per_prompt = c.per_prompt
     if c.policy == "full" and per_prompt:
         out.append((f"policy.{c.budget}",))  # the full cache has no budget
     if c.policy == "full" and c.rerotate:
@@ -178,6 +190,10 @@ def violations(c: Combo) -> list[tuple[str, ...]]:
             out.append(("policy.rerotate",))  # each (layer, KV head) compresses on its own: no shared positions
         if c.policy == "extreme_decode":
             out.append(("serve.block_size",))  # kv_size 2 is no whole number of 16-token blocks
+        if c.policy == "pyramidkv" and c.budget == "kv_ratio" and c.schedule != "after_prefill":
+            # its top layer's budget (the pyramid's bottom, raised to min_budget: 25 pairs) is below the protected
+            # recent area + one block (32): a request could never feed a token
+            out.append(("policy.kv_ratio",))
     return out
 
 
