@@ -1,7 +1,8 @@
 """The configuration matrix: every option the docs offer as a choice, against every other.
 
 Axes (`AXES`): every registered policy (PyramidKV is the per-layer budget kind), `policy.schedule` (the three),
-the budget kind (`kv_size`, `kv_ratio` or kvpress's `compression_ratio`), `mode` (run, serve, serve_limits), `serve.eviction` (policy, openvino),
+the budget kind (`kv_size`, `kv_ratio` or kvpress's `compression_ratio`, or `kv_size_above`: a kv_size above every
+prompt + new tokens, which never evicts and must cost no more than the full cache), `mode` (run, serve, serve_limits), `serve.eviction` (policy, openvino),
 `gen.attention`, `policy.rerotate`, the model (tiny Llama with GQA, tiny Phi-3 without), the batch (1, or
 3 prompts of different lengths, left-padded), the model's dtype (float32, bfloat16) and `policy.head_budget`
 (uniform, or AdaKV's adaptive split of a layer's budget over its KV heads). A point of the product is a `Combo`.
@@ -47,7 +48,7 @@ POLICIES = tuple(registry())  # every registered policy (a new one joins the mat
 AXES = {
     "policy": POLICIES,
     "schedule": ("prefill_and_decode", "decode_only", "after_prefill"),
-    "budget": ("kv_size", "kv_ratio", "compression_ratio"),
+    "budget": ("kv_size", "kv_ratio", "compression_ratio", "kv_size_above"),
     "mode": ("run", "serve", "serve_limits"),
     "eviction": ("policy", "openvino"),
     "attention": ("auto", "sdpa", "eager", "fused"),
@@ -60,6 +61,7 @@ AXES = {
 KV_SIZE, KV_RATIO, COMPRESSION_RATIO, EVICT_EVERY, NEW_TOKENS, SAMPLES, WINDOW = 48, 0.5, 0.75, 8, 6, 3, 16
 PROMPT_TOKENS, LAYERS, BLOCK = (161, 214, 273), 2, 16  # QUESTIONS' prompts; both tiny models' layers; serve.block_size
 OPENVINO = {"kv_size": 32 + 512 + 128, "protect_first": 32, "protect_recent": 128, "schedule": "decode_only"}  # its areas
+KV_ABOVE = 512  # kv_size_above: more than the longest prompt (273 tokens) + NEW_TOKENS, a whole number of blocks
 QUESTIONS = (  # GSM8K-style rows of different lengths: prompts of 161, 214 and 273 tokens on the byte tokenizer
     "What is 2 + 3?",
     "Tom has 4 apples and buys 3 more. How many apples does he have now?",
@@ -144,7 +146,7 @@ class Combo:
         elif self.budget == "compression_ratio":
             out["compression_ratio"] = COMPRESSION_RATIO
         elif self.policy not in ("full", "extreme_decode") and not self.preset:
-            out["kv_size"] = KV_SIZE
+            out["kv_size"] = KV_ABOVE if self.budget == "kv_size_above" else KV_SIZE
         if self.policy not in ("full", "extreme_decode"):
             out["evict_every"] = EVICT_EVERY
         if "window" in own_keys(self.policy):  # snapkv, pyramidkv
@@ -159,6 +161,16 @@ class Combo:
         return [f"policy={self.policy}", f"mode={self.mode}", f"serve.eviction={self.eviction}",
                 f"gen.attention={self.attention}", f"model={self.model}", f"model.dtype={self.dtype}",
                 f"batch_size={self.batch}", *knobs]
+
+    @property
+    def per_prompt(self) -> bool:
+        """A budget per prompt (kv_ratio, compression_ratio), not a kv_size."""
+        return self.budget in ("kv_ratio", "compression_ratio")
+
+    @property
+    def holds_whole(self) -> bool:
+        """kv_size_above applied: the budget holds every sequence whole, so nothing is ever evicted."""
+        return self.budget == "kv_size_above" and self.policy not in ("full", "extreme_decode") and not self.preset
 
     @property
     def preset(self) -> bool:
@@ -188,7 +200,7 @@ def write_mirror(root: Path) -> Path:
 def violations(c: Combo) -> list[tuple[str, ...]]:
     """The documented refusals this combination meets: for each, the keys its one-line message may name."""
     out = []
-    per_prompt = c.budget != "kv_size"
+    per_prompt = c.per_prompt
     if c.policy == "full" and per_prompt:
         out.append((f"policy.{c.budget}",))  # the full cache has no budget
     if c.policy == "full" and c.rerotate:
@@ -236,7 +248,8 @@ def serve_budget_refusal(c: Combo) -> str | None:
     keys = {**policy_config(c.policy), **c.knobs(), **(OPENVINO if c.preset and c.policy == "h2o" else {})}
     if not c.evicts or keys["schedule"] == "after_prefill":
         return None
-    kind = "kv_size" if c.policy == "extreme_decode" else c.budget  # it keeps one pair, whatever the prompt
+    # extreme_decode keeps one pair, whatever the prompt; kv_size_above is a kv_size
+    kind = "kv_size" if c.policy == "extreme_decode" or c.budget == "kv_size_above" else c.budget
     return refused_key(keys, kind, PROMPT_TOKENS, LAYERS, BLOCK)
 
 

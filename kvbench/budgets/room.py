@@ -29,9 +29,11 @@ class Budgets:
         self.pairs = self.layer[:, :, None].expand(-1, -1, heads).clone()  # (L, B, H)
 
     @classmethod
-    def of(cls, policy, lengths: list[int], layers: int, heads: int) -> Budgets | None:
-        """The budgets of a batch of prompts with these (context) lengths; None for the full cache."""
-        layer = rules.layer_budgets(policy, lengths, layers)
+    def of(cls, policy, lengths: list[int], layers: int, heads: int,
+           compressed: list[int] | None = None) -> Budgets | None:
+        """The budgets of a batch of prompts with these (context) lengths; None for the full cache. `compressed`:
+        the layers the policy compresses (None: all; `rules.layer_budgets`)."""
+        layer = rules.layer_budgets(policy, lengths, layers, compressed)
         return None if layer is None else cls(policy, layer, heads)
 
     @property

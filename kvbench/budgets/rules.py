@@ -7,8 +7,10 @@ Budgets: `kv_size` pairs per (layer, sample); or per sample, `kv_ratio` (ceil(ra
 or `compression_ratio` (kvpress's kept count, int(prompt length x (1 - compression_ratio))): samples of
 one batch then hold different budgets. A budget is never below `min_budget` (evict_every + the protected
 pairs + 1: an eviction must leave a choice; 1 under after_prefill, which keeps exactly the budget).
-A policy may give layers different budgets (`layer_budgets`, PyramidKV: a rule in its own file);
-`recent_pairs` says how many of the newest pairs a budget protects (`protect_recent=None`: half of it, H2O).
+A policy may give layers different budgets (`layer_budgets`, PyramidKV: a rule in its own file, spanning the
+layers the policy compresses); `recent_pairs` says how many of the newest pairs a budget protects
+(`protect_recent=None`: half of it, H2O). The slots the cache preallocates (`capacities`) are what each sample's
+budget needs, never more than the sample can hold (its prompt + new tokens).
 
 Head budgets (`head_budget`): `uniform`, every KV head of a layer holds the layer's budget; `adaptive`
 (AdaKV, kvbench.budgets.adakv): a layer keeps its budget x heads pairs chosen by score across its heads, each
@@ -148,12 +150,21 @@ def sample_budgets(policy, lengths: list[int]) -> torch.Tensor:
     return torch.tensor([max(least, k) for k in want], dtype=torch.long, device="cpu")
 
 
-def layer_budgets(policy, lengths: list[int], layers: int) -> torch.Tensor | None:
+def layer_budgets(policy, lengths: list[int], layers: int, compressed: list[int] | None = None) -> torch.Tensor | None:
     """(L, B) pairs layer l of sample b may hold (per head, on average); None for the full cache. The policy's
-    own `layer_budgets` rule when it has one (PyramidKV), else the sample's budget in every layer."""
+    own `layer_budgets` rule when it has one (PyramidKV), else the sample's budget in every layer. `compressed`:
+    the layers the policy compresses (None: all; windowed layers hold their window, kvbench.models.family): the
+    rule spans those alone (PyramidKV's pyramid over them, so their mean is the nominal budget); the others
+    carry the sample's budget, never read."""
     if not evicts(policy):
         return None
-    return policy.layer_budgets(sample_budgets(policy, lengths), layers, lengths)
+    per_sample = sample_budgets(policy, lengths)  # (B,)
+    if compressed is None:
+        return policy.layer_budgets(per_sample, layers, lengths)
+    out = per_sample[None, :].expand(layers, -1).clone()  # (L, B)
+    if compressed:
+        out[list(compressed)] = policy.layer_budgets(per_sample, len(compressed), lengths)
+    return out
 
 
 def head_slots(policy, pairs, heads: int | None):
@@ -172,9 +183,9 @@ def head_slots(policy, pairs, heads: int | None):
     return heads * pairs - (heads - 1) * floor
 
 
-def decode_capacity(policy, budget: int, max_new_tokens: int, heads: int | None = None) -> int:
-    """Slots a layer needs once the prompt is compressed to `budget`: the budget, or under after_prefill the
-    budget and every generated token; the largest head's count under adaptive head budgets."""
+def decode_capacity(policy, budget, max_new_tokens: int, heads: int | None = None):
+    """Slots a layer needs once the prompt is compressed to `budget` (an int or a tensor): the budget, or under
+    after_prefill the budget and every generated token; the largest head's count under adaptive head budgets."""
     if once(policy):
         return head_slots(policy, budget, heads) + max_new_tokens
     k = keep(policy, budget)
@@ -184,17 +195,17 @@ def decode_capacity(policy, budget: int, max_new_tokens: int, heads: int | None 
 def capacities(policy, lengths: list[int], max_new_tokens: int, budgets: torch.Tensor | None,
                heads: int | None = None) -> list[int]:
     """Slots to preallocate per layer (all samples alike: the cache is one tensor per group of layers);
-    budgets: the (L, B) `layer_budgets`."""
-    longest = max(lengths)
+    budgets: the (L, B) `layer_budgets`. A sample needs its budget's `decode_capacity` (and its whole prompt
+    first unless the policy evicts in prefill), never more than it can hold: its prompt + max_new_tokens (a
+    budget above that never evicts, and costs what the full cache does). A layer's capacity is the most over
+    its samples."""
+    whole = torch.tensor(lengths, dtype=torch.long, device="cpu") + max_new_tokens  # (B,) a sample's every token
     if budgets is None:
-        return [longest + max_new_tokens]
-    most = budgets.max(dim=1).values.tolist()  # (L,)
-    caps = [decode_capacity(policy, k, max_new_tokens, heads) for k in most]
-    if policy.head_budget == "adaptive":  # a head never holds more than every token
-        caps = [min(c, longest + max_new_tokens) for c in caps]
-    if policy.evicts_in_prefill:
-        return caps
-    return [max(c, longest) for c in caps]  # the whole prompt first
+        return [int(whole.max())]
+    need = decode_capacity(policy, budgets.to(torch.long).cpu(), max_new_tokens, heads)  # (L, B)
+    if not policy.evicts_in_prefill:
+        need = torch.maximum(need, whole[None] - max_new_tokens)  # the whole prompt first
+    return torch.minimum(need, whole[None]).max(dim=1).values.tolist()  # (L,)
 
 
 def head_extensions(policy) -> list[str]:

@@ -32,10 +32,11 @@ class Batch:
             self.prompts[b, : len(x)] = torch.tensor(x, dtype=torch.long, device="cpu")
         windows = family.effective_windows(geometry["windows"], s + max_new_tokens)  # a window never cut: full
         heads = geometry["num_kv_heads"]
-        self.room = Budgets.of(policy, self.lengths, len(windows), heads)  # (L, B, H) or None: the full cache
-        self.budgets = None if self.room is None else self.room.layer  # (L, B)
         # what the policy compresses: the full-attention layers (windowed ones keep their window)
         full = [w is None for w in windows]
+        compressed = [i for i, f in enumerate(full) if f]
+        self.room = Budgets.of(policy, self.lengths, len(windows), heads, compressed)  # (L, B, H) or None: full cache
+        self.budgets = None if self.room is None else self.room.layer  # (L, B)
         self.full_budgets = None if self.budgets is None or not any(full) else self.budgets[full]  # (L_full, B)
         # (a context of 0 tokens: kvbench.continuation's one-token contexts, all in the question's forward)
         self.chunks = prefill_chunks(self.lengths, policy, prefill_chunk, self.full_budgets) if max(self.lengths) else []

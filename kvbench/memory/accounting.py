@@ -166,11 +166,11 @@ def account(
     B, longest = len(lengths), max(lengths)
     layer_devices = [dev for dev, L in s.layers.items() for _ in range(L)]
     windows = effective_windows(list(s.windows) or [None] * len(layer_devices), longest + max_new_tokens)
-    budgets = policy.budgets(lengths, len(layer_devices))  # (L, B) or None
     full = [w is None for w in windows]
+    budgets = rules.layer_budgets(policy, lengths, len(layer_devices), [i for i, f in enumerate(full) if f])  # (L, B)
     full_budgets = None if budgets is None or not any(full) else budgets[full]
     widest = max(int(r.max()) for r in prefill_chunks(lengths, policy, prefill_chunk, full_budgets))
-    caps = layer_capacities(policy.capacities(lengths, max_new_tokens, budgets, s.kv_heads), windows, lengths,
+    caps = layer_capacities(rules.capacities(policy, lengths, max_new_tokens, budgets, s.kv_heads), windows, lengths,
                             max_new_tokens, widest)
     groups = form_groups(layer_devices, caps, budgets, windows)
     if budgets is None:  # the full cache: one row of "never" budgets
@@ -194,7 +194,7 @@ def account(
             _, layers, cap, row, window = groups[gi]
             if window is not None:
                 continue
-            need = policy.decode_capacity(int(row.max()), max_new_tokens, s.kv_heads)
+            need = rules.decode_capacity(policy, int(row.max()), max_new_tokens, s.kv_heads)
             if policy.evicts and cap > need and any(e[0] == gi for e in evictions):
                 transients.append(cache_bytes(s, B, len(layers), need, policy))
         kv = sum(cache_bytes(s, B, len(groups[gi][1]), groups[gi][2], policy, groups[gi][4]) for gi in mine)

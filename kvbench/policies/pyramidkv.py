@@ -9,9 +9,11 @@ q x (1 - compression_ratio), unrounded; or kv_size / the kv_ratio budget), a win
     if not (q >= max >= min >= W):  every layer keeps m pairs (kvpress: round(q x (1 - ratio)), "SnapKV")
     else:  layer l keeps round(max - l (max - min) / (L - 1)) pairs, the window's among them
 
-so the layers' budgets average m. kvbench evicts p pairs at a time under prefill_and_decode and
-decode_only: a layer budget below `min_budget` (p + the window + the sinks + 1) is raised to it
-(`extensions` says so; under after_prefill, kvpress's protocol, nothing is raised).
+so the layers' budgets average m (one layer: m; PyramidKV's code divides by L - 1). The pyramid spans the
+layers kvbench compresses: on a model with sliding-window layers, its full-attention layers only (the windowed
+ones hold their window), so the compressed layers' budgets average m there too. kvbench evicts p pairs at a
+time under prefill_and_decode and decode_only: a layer budget below `min_budget` (p + the window + the sinks
++ 1) is raised to it (`extensions` says so; under after_prefill, kvpress's protocol, nothing is raised).
 `budget_rule=window_plus`: kvbench's earlier rule (W plus a pyramid of the other pairs from (m - W) / beta,
 integer budgets summing exactly to m x layers), labelled in `extensions`.
 
@@ -67,7 +69,7 @@ class PyramidKV(SnapKV):
         if hi >= q - W:
             hi = q - W
             lo = 2 * m - hi
-        if not (q >= hi >= lo >= W):  # SnapKV's budget in every layer
+        if layers == 1 or not (q >= hi >= lo >= W):  # SnapKV's budget in every layer (one layer: its mean)
             return [max(rules.min_budget(self), max(1, round(m)) if cr is not None else k)] * layers
         steps = (hi - lo) / (layers - 1) if layers > 1 else 0.0
         return [max(rules.min_budget(self), round(hi - layer * steps)) for layer in range(layers)]

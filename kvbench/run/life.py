@@ -115,16 +115,18 @@ def _prompts(cfg: DictConfig, record: dict, lm: LoadedModel, policy, task, promp
     layers the policy compresses (windowed layers keep their window) and the prompts' statistics."""
     kinds = family.check_policy(lm.model.config, policy)
     record["model_family"] = f"{kinds.family}: {kinds.describe()}"
-    record["extensions"] = policy.describe(gqa=kinds.gqa, paged=serve_mode)["extensions"] + task_extensions(task)
+    described = policy.describe(gqa=kinds.gqa, paged=serve_mode)
+    record["extensions"] = described["extensions"] + task_extensions(task)
     samples = task.samples(lm.tokenizer)
     ids = [task.encode(lm.tokenizer, s.prompt) for s in samples]
     windows = kinds.windows_for(max(map(len, ids), default=0) + cfg.gen.max_new_tokens)
     record["compressed_layers"] = [i for i, w in enumerate(windows) if w is None] if policy.evicts else []
     if policy.evicts and any(w is not None for w in windows):
+        n = len(record["compressed_layers"])
+        per_layer = f" ({described['budgets']}: over these {n} layers)" if "budgets" in described else ""
         record["extensions"].append(
             f"windowed layers {[i for i, w in enumerate(windows) if w is not None]} keep their sliding window "
-            f"as the model was trained; the policy compresses the {len(record['compressed_layers'])} "
-            "full-attention layers only")
+            f"as the model was trained; the policy compresses the {n} full-attention layers only{per_layer}")
     record["prompts"] = prompt_stats(samples, ids)
     if prompts is not None and [len(x) for x in ids] != prompts:  # the preflight's tokenizer is the model's
         record["notes"].append("the preflight's prompt lengths differ from the loaded tokenizer's")

@@ -76,6 +76,10 @@ def execute(
             "min": out.budget_min, "max": out.budget_max, "per_layer": out.budget_per_layer},
         **memory_fields(lm, out.accounted),
     )
+    longest = max(map(len, ids)) + cfg.gen.max_new_tokens
+    if out.budget_min is not None and out.budget_min >= longest:  # the cache is sized by the sequences
+        record["notes"].append(f"the budget ({out.budget_min} pairs or more) holds every sequence whole (at most "
+                               f"{longest} tokens): nothing was evicted, and the cache held the full cache's slots")
     return rows
 
 

@@ -104,6 +104,35 @@ def test_budget_rules_by_hand():
     assert rules.capacities(a, [100, 7], 10, torch.tensor([[25, 1]])) == [100]
 
 
+def test_capacity_is_capped_at_what_each_sample_holds():
+    """A sample never holds more than its prompt + new tokens: a budget above that never evicts and allocates no
+    more (the full cache's capacity); per sample, the batch's capacity the most over its samples (by hand)."""
+    whole = 100 + 4  # the full cache's capacity for prompts of 100 and 60 tokens, 4 new
+    for p in (TOVA(kv_size=100_000, evict_every=8, schedule="prefill_and_decode"), H2O(kv_size=100_000),
+              SnapKV(kv_size=100_000, schedule="after_prefill"),
+              SnapKV(kv_size=100_000, schedule="after_prefill", head_budget="adaptive")):
+        assert rules.capacities(p, [100, 60], 4, rules.layer_budgets(p, [100, 60], 2), heads=2) == [whole] * 2, p
+    t = TOVA(kv_size=64, evict_every=8, schedule="prefill_and_decode")
+    # sample 0 (10 tokens) holds at most 14 of its budget of 40; sample 1 needs its budget of 12: 14, not 40
+    assert rules.capacities(t, [10, 100], 4, torch.tensor([[40, 12]])) == [14]
+    assert rules.capacities(t, [10, 100], 4, torch.tensor([[40, 20]])) == [20]
+    a = SnapKV(kv_size=64, schedule="after_prefill")  # 30 + 4 of sample 1's 64 + 4; sample 0 compressed: 20 + 4
+    assert rules.capacities(a, [90, 30], 4, torch.tensor([[20, 64]])) == [90]  # sample 0's prompt first
+    assert rules.capacities(a, [10, 30], 4, torch.tensor([[64, 64]])) == [34]
+
+
+def test_pyramid_spans_the_compressed_layers():
+    """PyramidKV over the layers the policy compresses (the others windowed): their budgets are the pyramid of
+    that many layers, averaging the nominal budget; one compressed layer holds the nominal budget itself."""
+    p = PyramidKV(kv_ratio=0.5, schedule="after_prefill", window=8)
+    alone = rules.layer_budgets(p, [400], 2)[:, 0]  # the pyramid of 2 layers: 2 x 200 - 200 / 20, 200 / 20
+    assert alone.tolist() == [390, 10]
+    six = rules.layer_budgets(p, [400], 6, compressed=[2, 5])[:, 0]  # 2 of 6 layers compressed
+    assert six[[2, 5]].tolist() == alone.tolist()
+    assert rules.layer_budgets(p, [400], 2, compressed=[1])[1, 0] == 200  # one layer: the nominal budget
+    assert rules.layer_budgets(p, [400], 1)[:, 0].tolist() == [200]
+
+
 @pytest.mark.parametrize("bad", [dict(head_budget="per_head"), dict(head_floor=1.5), dict(head_floor=True)])
 def test_head_budget_knobs_are_checked(bad):
     with pytest.raises(ConfigError, match="policy.head_"):

@@ -167,6 +167,18 @@ def test_paper_settings_plan_offline(tmp_path, experiment):
     assert "eager" in text and "sdpa" in text and "BM" in text
 
 
+def test_a_budget_above_the_sequence_plans_no_smaller_batch_than_the_full_cache(tmp_path):
+    """Batch-Max at kv_size 8192 on prompts of 1000 tokens + 256 new never evicts: its cache holds each sequence
+    whole, as the full cache does, so its largest batch is no smaller (the meta model of the shipped
+    Llama 3.1 8B config, one 40 GiB GPU; preallocating 8192 slots planned 24 against the full cache's 80)."""
+    rec = capacity.plan(_compose("model=llama31-8b", "plan.gpus=1", "plan.gpu_mem_mib=40960", "plan.prompt_tokens=1000",
+                                 "gen.max_new_tokens=256", "policy=batch_max", "policy.kv_size=8192",
+                                 "plan.backends=[sdpa]", "task.n_samples=128",
+                                 "search.candidates=[8,16,24,32,48,64,80,96,128]", f"results_dir={tmp_path}"))
+    best = {r["method"]: r["max_batch_size"] for r in rec["plan"]["rows"]}
+    assert best["FKV"] >= 64 and best["BM"] >= best["FKV"], best
+
+
 def test_command_prints_the_table_and_rejects_bad_input(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "kvbench.capacity"]

@@ -82,6 +82,19 @@ def test_budget_between_two_footprints_gives_the_smaller_batch(tmp_path):
     assert read_records(tmp_path) == [json.loads(json.dumps(record, default=str))]
 
 
+def test_a_budget_above_the_sequence_finds_no_smaller_batch_than_the_full_cache(tmp_path):
+    """A window of 100,000 pairs never evicts these prompts (40-token contexts + 4 new): real probes under a
+    budget between the full cache's b=6 and b=8 find a batch no smaller than the full cache's (preallocating
+    100,000 slots per sample fitted none)."""
+    full = [*(o for o in TINY16 if not o.startswith("policy")), "policy=full"]
+    fp = _probe_footprints(_compose(*full, f"search.candidates={CANDIDATES}"))  # the full cache: 6 fits, 8 does not
+    budget = (fp[6] + fp[8]) / 2 / memory.GiB
+    rec = kvrun.run(_compose(*TINY16, "policy=window", "policy.kv_size=100000", f"search.candidates={CANDIDATES}",
+                             "search.max_batch=true", "search.only=true", f"memory.budget_gb={budget}",
+                             f"results_dir={tmp_path}"))
+    assert rec["status"] == "ok" and rec["search"]["max_batch_size"] >= 6, (rec["error"], rec["search"])
+
+
 def test_nothing_fits_is_an_oom_record(tmp_path):
     record = kvrun.run(_compose(*TINY, "search.max_batch=true", "search.only=true", f"results_dir={tmp_path}",
                                  f"memory.budget_gb={kvrun.models.load_model(_compose(*TINY)).weights_bytes * 1.001 / memory.GiB}"))

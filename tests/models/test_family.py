@@ -228,6 +228,35 @@ def test_record_names_the_layers_a_policy_compressed(tmp_path):
     assert any("windowed layers [0] keep their sliding window" in e for e in rec["extensions"])
 
 
+def test_pyramid_spans_the_compressed_layers_only(prompts, tmp_path):
+    """PyramidKV on tiny Gemma 3 (layer 0 windowed, layer 1 full): its pyramid spans the one layer it compresses,
+    so that layer holds the nominal budget, kv_ratio x the prompt (a pyramid over both layers gave it the bottom
+    of the pyramid: 8 of a nominal 35), and the record's kv_budget is what that layer held."""
+    seen = []
+    policy = PyramidKV(kv_ratio=0.5, window=8, schedule="after_prefill")
+    run(model("gemma3"), prompts, policy, observer=lambda ev, c: seen.append(
+        [(g.budget.tolist(), g.n.tolist()) for g in c.groups if g.sliding is None]))
+    nominal = [-(-len(p) // 2) for p in prompts]  # ceil(0.5 x 70), ceil(0.5 x 57)
+    (budget, held), = seen[-1]  # the full-attention layer, after the compression and the new tokens
+    assert budget == nominal and held == [k + NEW - 1 for k in nominal], (budget, held)
+    from hydra import compose, initialize_config_dir
+
+    from kvbench import run as kvrun
+    from kvbench.config import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["model=tiny-llama", "model.arch=gemma3", "task.n_samples=2",
+                                           "task.context_tokens=60", "gen.max_new_tokens=4", "batch_size=2",
+                                           "policy=pyramidkv", "policy.kv_ratio=0.5", "policy.window=8",
+                                           "policy.schedule=after_prefill", f"results_dir={tmp_path}"])
+    rec = kvrun.run(cfg)
+    assert rec["status"] == "ok", rec["error"]
+    lo, hi = rec["prompts"]["tokens_min"], rec["prompts"]["tokens_max"]
+    assert rec["kv_budget"] == {"by": "kv_ratio", "min": -(-lo // 2), "max": -(-hi // 2), "per_layer": False}
+    assert any("compresses the 1 full-attention layers only (per-layer budgets" in e and ": over these 1 layers" in e
+               for e in rec["extensions"]), rec["extensions"]
+
+
 def test_policy_on_a_model_without_full_layers_is_refused(prompts):
     lm = model("mistral-window")
     with pytest.raises(ConfigError, match="no full-attention layer"):

@@ -52,6 +52,7 @@ from tests.matrix import (
     BLOCK,
     COMPRESSION_RATIO,
     EVICT_EVERY,
+    KV_ABOVE,
     KV_RATIO,
     KV_SIZE,
     NEW_TOKENS,
@@ -87,6 +88,7 @@ class Spy:
         self.combo = combo
         self.backends: set[str] = set()
         self.over: list[str] = []  # budget violations
+        self.oversized: list[str] = []  # cache groups with more slots than the full cache's
         self.budget_rows: list[tuple[int, ...]] = []  # every (B,) budget row a cache group held
         self.per_layer = False
         self.evictions = 0
@@ -116,6 +118,9 @@ class Spy:
     def batch_init(self, init):
         def wrapped(batch, model, ids, policy, *a, **k):
             init(batch, model, ids, policy, *a, **k)
+            whole = max(len(x) for x in ids) + (a[0] if a else k["max_new_tokens"])  # the full cache's slots
+            self.oversized += [f"layers {g.layers}: {g.capacity} slots > {whole}" for g in batch.cache.groups
+                               if g.capacity > whole]
             batch.cache.spy_lengths = torch.tensor([len(x) for x in ids])
             batch.cache.spy_prefill = policy.evicts_in_prefill
             batch.cache.spy_once = policy.once
@@ -223,12 +228,13 @@ def check_limits(c: Combo, rec: dict, spy: Spy) -> None:
     lim = rec["serve_limits"]
     longest = lim["longest_generation"]
     assert longest["prompt_tokens"] == max(PROMPT_TOKENS)
-    if not c.evicts:  # the pool (256 x 16 slots) less the prompt, + 1: the newest token is never cached
+    if not c.evicts or (c.holds_whole and c.schedule == "after_prefill"):  # the pool (256 x 16 slots) less the
+        # prompt, + 1: the newest token is never cached (a budget above the prompt compresses nothing)
         assert (longest["tokens"], longest["capped"]) == (256 * 16 - longest["prompt_tokens"] + 1, False)
     elif c.schedule == "after_prefill":  # the prompt compressed once, to at most its budget in whole blocks, then
         slots, got = 256 * 16, longest["tokens"]  # every token kept: the pool less what the prompt kept, + 1
         assert longest["capped"] is False
-        if c.budget == "kv_size":
+        if not c.per_prompt:
             assert slots - KV_SIZE + 1 <= got <= slots - KV_SIZE + BLOCK, got
         else:
             assert slots - longest["prompt_tokens"] + 1 < got <= slots, got
@@ -248,15 +254,17 @@ def check_record(c: Combo, rec: dict, spy: Spy) -> None:
     serve = c.mode == "serve"
     assert spy.backends == {rec["attention"]}, (spy.backends, rec["attention"])
     assert not spy.over, spy.over[:3]
+    assert not spy.oversized, spy.oversized[:3]  # no cache larger than the full cache's for the same prompts
+    assert any("holds every sequence whole" in n for n in rec["notes"]) == (c.holds_whole and not serve)
     rows = read_jsonl(rec["predictions_path"])
     assert sorted(r["index"] for r in rows) == list(range(SAMPLES))  # one prediction per sample
     assert all(len(r["token_ids"]) == NEW_TOKENS for r in rows) and rec["generated_tokens"] == SAMPLES * NEW_TOKENS
     assert rec["policy"] == c.policy and rec["model"] == c.model and rec["task"] == "gsm8k"
     assert rec["batch_size"] == (None if serve else c.batch)
-    ratio = c.budget != "kv_size" and c.evicts  # a per-prompt budget
+    ratio = c.per_prompt and c.evicts  # a per-prompt budget
     assert rec["kv_ratio"] == (KV_RATIO if ratio and c.budget == "kv_ratio" else None)
     assert rec["compression_ratio"] == (COMPRESSION_RATIO if ratio and c.budget == "compression_ratio" else None)
-    kv = 672 if c.preset else 2 if c.policy == "extreme_decode" else KV_SIZE
+    kv = 672 if c.preset else 2 if c.policy == "extreme_decode" else KV_ABOVE if c.holds_whole else KV_SIZE
     assert rec["kv_size"] == (None if ratio or not c.evicts else kv)
     p = 1 if c.policy == "extreme_decode" else EVICT_EVERY
     assert rec["evict_every"] == (p if c.evicts and not serve and c.schedule != "after_prefill" else None)
@@ -264,21 +272,23 @@ def check_record(c: Combo, rec: dict, spy: Spy) -> None:
     # a single run of full takes the schedule it never uses: reset to its default, listed (docs: Sweeps)
     assert rec["ignored_keys"] == (["policy.schedule"] if not c.evicts and c.schedule != "prefill_and_decode" else [])
     assert rec["config"]["policy"]["schedule"] == (c.schedule if c.evicts else "prefill_and_decode")
+    by = c.budget if c.per_prompt else "kv_size"
     if not c.evicts:
         assert rec["kv_budget"] is None and spy.evictions == 0
     elif serve:
         got = [b.float().mean(1) for b in spy.serve_budgets]  # (L,) each request's layer budgets
         per_layer = any(bool((b != b[:1]).any()) for b in got)
         assert not per_layer or c.policy == "pyramidkv"
-        assert rec["kv_budget"] == {"by": c.budget, "min": min(int(b.min()) for b in got),
+        assert rec["kv_budget"] == {"by": by, "min": min(int(b.min()) for b in got),
                                     "max": max(int(b.max()) for b in got), "per_layer": per_layer}
-        if c.budget == "kv_size":
+        if not c.per_prompt:
             assert {int(b.min()) for b in got} == {int(b.max()) for b in got} == {rec["kv_size"]}
-        assert rec["serve"]["evicted_blocks"] > 0 or c.preset  # 672 pairs hold these prompts whole
+        evicted = rec["serve"]["evicted_blocks"]  # 512 (kv_size_above) or 672 (openvino) pairs hold these prompts
+        assert (evicted == 0) if c.holds_whole else (evicted > 0 or c.preset)
     else:
         held = [b for row in spy.budget_rows for b in row]
-        assert spy.evictions > 0
-        assert rec["kv_budget"] == {"by": c.budget, "min": min(held), "max": max(held),
+        assert (spy.evictions == 0) if c.holds_whole else (spy.evictions > 0)
+        assert rec["kv_budget"] == {"by": by, "min": min(held), "max": max(held),
                                     "per_layer": spy.per_layer}
         assert not spy.per_layer or c.policy == "pyramidkv"  # PyramidKV's may still be one budget (its fallback)
     if serve:
