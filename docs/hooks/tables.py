@@ -182,12 +182,7 @@ def model_rows() -> list[dict]:
 
 
 def models() -> str:
-    seen: dict[str, str] = {}
-    out = []
-    for r in model_rows():
-        same = seen.setdefault(r["checkpoint"], r["name"]) if r["checkpoint"] else r["name"]
-        note = f" (the checkpoint of `{same}`)" if same != r["name"] else ""
-        out.append([f"`{r['name']}`", r["weights"] + note, f"`{r['family']}`", r["attention"], r["config"]])
+    out = [[f"`{r['name']}`", r["weights"], f"`{r['family']}`", r["attention"], r["config"]] for r in model_rows()]
     return _table(["`model=`", "weights", "family", "attention", "config (no weights)"], out)
 
 
