@@ -41,4 +41,3 @@ if [ "${RUN_ALL:-0}" = 1 ]; then
 fi
 $BIN/python scripts/ruler_table.py "$OUT"
 $BIN/kvbench-report "$OUT"
-cp results/needle_cpu/plots/needle_grid.png docs/assets/needle_grid_cpu.png
