@@ -635,7 +635,8 @@ def test_baselines_readme_findings():
     assert len(allrecs) - len(baselines()["passkey"][0].newest(allrecs)) == 36
     states(doc, f"# {len(baselines()['passkey'][0].newest(allrecs))} runs -> runs.jsonl", "# 36 of them again")
     first = allrecs[:118]
-    states(doc, f"# {len(first)} runs, about {sum(r['wall_s'] for r in first) / 60:.0f} min of run time on one core")
+    states(doc, f"# {len(first)} runs -> runs.jsonl, scores/, predictions/ "
+                f"(about {sum(r['wall_s'] for r in first) / 60:.0f} min of run time on one core)")
 
 
 # ------------------------------------------------------------------------------------ docs/tasks.md
