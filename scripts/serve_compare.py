@@ -85,7 +85,8 @@ def plots(recs, out: Path) -> None:
 
     names = [r["policy"] for r in recs]
     S = [r["serve"] for r in recs]
-    fig, ax = plt.subplots(1, 4, figsize=(13, 3.2))
+    fig, ax = plt.subplots(2, 2, figsize=(8, 5.6))  # 2 x 2: legible at a page's width
+    ax = ax.ravel()
     ax[0].bar(names, [s["output_tok_s"] for s in S])
     ax[0].set_title("output tokens/s")
     ax[1].bar(names, [s["preemptions"] for s in S])
