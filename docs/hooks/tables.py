@@ -147,7 +147,7 @@ def _spec(cfg):
     args = {k: v for k, v in cfg.items() if k != "_target_"}
     if loader is load_hub and cfg.pretrained not in SHIPPED_CONFIGS:
         return None, "the Hub's, at run time"
-    where = {load_hub: "shipped (`kvbench/models/configs/`)", load_gguf_package: f"in the `{cfg.get('package')}` "
+    where = {load_hub: "shipped", load_gguf_package: f"in the `{cfg.get('package')}` "
              "package's GGUF", build_tiny: "built in code"}.get(loader, "-")
     spec = SPECS[loader]
     try:
