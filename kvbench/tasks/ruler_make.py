@@ -128,8 +128,9 @@ def variable_tracking(task, rng, units, words, tokenizer, template):
     head, prefix = template
     # RULER's in-context example: a chain of 3-letter variables in ~500 tokens of noise, answered
     icl_ctx, icl_value, icl_vars = _chain_text(task, rng, 20, words, chains, hops, 3)
+    # RULER's example: its input (template + answer prefix), " ", its answer, "\n"; then "\n" and the task
     icl = (head.format(context=icl_ctx, query=icl_value, num_v=hops + 1)
-           + prefix.format(query=icl_value, num_v=hops + 1) + " ".join(icl_vars))
+           + prefix.format(query=icl_value, num_v=hops + 1) + " " + " ".join(icl_vars) + "\n")
     context, value, variables = _chain_text(task, rng, units, words, chains, hops, 5)
     prompt = task.prompt(tokenizer, (icl + "\n" + head, prefix), context, query=value, num_v=hops + 1)
     return prompt, variables, {}
