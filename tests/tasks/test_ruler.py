@@ -21,15 +21,8 @@ from kvbench.policies import H2O, Full, SnapKV, StreamingLLM
 from kvbench.results import read_jsonl, read_records
 from kvbench.tasks import RULER_TASKS, TASKS
 from kvbench.tasks.ruler_text import string_match_all, string_match_part
-from tests.tasks import ruler_shards
 
 TOK = byte_tokenizer()  # one token per byte: context_length counts bytes of the rendered prompt
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    """A data.dir with tiny essays, SQuAD and HotpotQA in the Hub's layout (tests.tasks.ruler_shards)."""
-    return ruler_shards.mirror(tmp_path_factory.mktemp("ruler_data"))
 
 
 @pytest.mark.parametrize("name", sorted(RULER_TASKS))
@@ -179,6 +172,8 @@ def test_query_agnostic_run_from_the_cli(tmp_path, monkeypatch):
     assert "string_match_all" in rec["metrics"] and "string_match_all_ci" in rec["metrics"]
     assert any("query_aware=false" in e for e in rec["extensions"])
     assert any(e.startswith("task: ") for e in rec["extensions"])
+    assert rec["max_new_tokens"] == 8 and "task: generates at most 8 new tokens (gen.max_new_tokens; RULER's " \
+        "niah_single_1: 128): a longer answer is cut" in rec["extensions"]
     cli.main([*args[:-1], f"results_dir={tmp_path / 'again'}"])  # the same seed: the same prompts and tokens
     (again,) = read_records(tmp_path / "again")
     first, second = (read_jsonl(r["predictions_path"]) for r in (rec, again))
@@ -186,3 +181,18 @@ def test_query_agnostic_run_from_the_cli(tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as exc:
         cli.main([*args, "mode=serve"])
     assert exc.value.code == 2
+
+
+def test_a_ruler_run_generates_rulers_length_unless_told(tmp_path, monkeypatch):
+    """No gen.max_new_tokens: the run may generate RULER's 50 tokens (fwe), its record says so, and no
+    departure; a smaller gen.max_new_tokens is recorded as one."""
+    args = ["model=tiny-llama", "task=fwe", "task.n_samples=2", "task.context_length=800", "batch_size=2",
+            "gen.ignore_eos=true", "policy=full"]
+    monkeypatch.setattr(sys, "argv", ["kvbench"])
+    cli.main([*args, f"results_dir={tmp_path / 'own'}"])
+    (rec,) = read_records(tmp_path / "own")
+    assert rec["status"] == "ok" and rec["max_new_tokens"] == rec["config"]["gen"]["max_new_tokens"] == 50
+    assert rec["generated_tokens"] == 2 * 50 and not any("generates at most" in e for e in rec["extensions"])
+    cli.main([*args, "gen.max_new_tokens=16", f"results_dir={tmp_path / 'cut'}"])
+    (cut,) = read_records(tmp_path / "cut")
+    assert cut["max_new_tokens"] == 16 and any("generates at most 16 new tokens" in e for e in cut["extensions"])

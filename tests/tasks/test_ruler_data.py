@@ -19,12 +19,6 @@ from tests.tasks import ruler_shards
 
 TOK = byte_tokenizer()
 ESSAY_TASKS = ("niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multivalue", "niah_multiquery")
-ALL = sorted(n for n in TASKS if n.startswith(("niah", "qa")) or n in ("vt", "cwe", "fwe"))
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    return ruler_shards.mirror(tmp_path_factory.mktemp("ruler_data"), kvpress_tasks=ALL)
 
 
 # ---------------------------------------------------------------------- the essay haystack
