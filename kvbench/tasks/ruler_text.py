@@ -92,7 +92,8 @@ def cwe_words(n: int) -> tuple[str, ...]:
 DEPARTURES = {
     "cwe_words": "CWE beyond 8,166 words (RULER's wonderwords lists) draws from SCOWL's English words too "
                  "(RULER: its english_words.json)",
-    "sentences": "the essay haystack is split into sentences by a regex (RULER: nltk sent_tokenize)",
+    "sentences": "the essay haystack is split into sentences by a regex (RULER: nltk sent_tokenize); its texts "
+                 "are joined with spaces (RULER: its downloaded essays concatenated)",
     "cnndm": "haystack: CNN/DailyMail test articles (task.haystack=cnndm; RULER: Paul Graham's essays)",
     "vt_icl": "VT's in-context example holds 20 noise lines (RULER: sized to 500 tokens)",
     "seed": "each sample is generated from its own seeded random stream (kvbench: seed/task/index), so samples "
