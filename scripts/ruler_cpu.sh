@@ -7,7 +7,8 @@
 #      0.75 under prefill_and_decode (evict_every=64), SnapKV at ratio 0.75 under kvpress's protocol
 #      (after_prefill, query-agnostic);
 #   2. niah_single_3 (UUID values) at 1k tokens, full cache, on CNN/DailyMail articles (task.haystack=cnndm: Paul
-#      Graham's essays cannot be downloaded on this machine; the record says so), from the mirror in $DATA_DIR;
+#      Graham's essays cannot be downloaded on this machine; the record says so), from the mirror in $DATA_DIR:
+#      RULER's 128 new tokens, then capped at 32 (kvbench's former default) and 48;
 #   3. the same three policies as 1 on niah_single_1 at 2k tokens.
 # Then: python scripts/ruler_table.py (results/ruler_cpu/table.md) and kvbench-report results/ruler_cpu.
 set -u
@@ -24,8 +25,10 @@ for length in 1024 2048; do
   run $BIN/kvbench task=niah_single_1 task.context_length=$length $COMMON $STREAM
   run $BIN/kvbench task=niah_single_1 task.context_length=$length $COMMON $SNAP
   if [ "$length" = 1024 ]; then
-    run $BIN/kvbench task=niah_single_3 task.context_length=1024 task.haystack=cnndm data.dir=$DATA_DIR $COMMON \
-      policy=full
+    for cap in null 32 48; do
+      run $BIN/kvbench task=niah_single_3 task.context_length=1024 task.haystack=cnndm data.dir=$DATA_DIR $COMMON \
+        policy=full gen.max_new_tokens=$cap
+    done
   fi
 done
 $BIN/python scripts/ruler_table.py "$OUT"
