@@ -196,3 +196,19 @@ def test_a_ruler_run_generates_rulers_length_unless_told(tmp_path, monkeypatch):
     cli.main([*args, "gen.max_new_tokens=16", f"results_dir={tmp_path / 'cut'}"])
     (cut,) = read_records(tmp_path / "cut")
     assert cut["max_new_tokens"] == 16 and any("generates at most 16 new tokens" in e for e in cut["extensions"])
+
+
+@pytest.mark.parametrize("extra,fragment", [
+    ([], "task.haystack=essay: Paul Graham's essays (baber/paul_graham_essays) could not be read from the Hugging "
+         "Face Hub"),  # no data.dir: the Hub, offline here
+    (["data.dir={empty}"], "has no paul_graham_essays/train.jsonl.gz (or .jsonl), which task.haystack=essay reads"),
+])
+def test_the_cli_refuses_an_essay_task_without_its_essays(extra, fragment, tmp_path, capsys, monkeypatch):
+    """One line, exit 2, before any model loads (the preflight renders the prompts with the tokenizer alone)."""
+    from tests.conftest import assert_one_line_exit_2
+
+    monkeypatch.setattr(sys, "argv", ["kvbench"])
+    argv = ["model=tiny-llama", "task=niah_single_2", "task.n_samples=1", "task.context_length=600",
+            f"results_dir={tmp_path}", *(e.format(empty=tmp_path) for e in extra)]
+    assert_one_line_exit_2(cli.main, argv, capsys, fragment)
+    assert not (tmp_path / "runs.jsonl").exists()
