@@ -8,7 +8,8 @@
 #      (after_prefill, query-agnostic);
 #   2. niah_single_3 (UUID values) at 1k tokens, full cache, on CNN/DailyMail articles (task.haystack=cnndm: Paul
 #      Graham's essays cannot be downloaded on this machine; the record says so), from the mirror in $DATA_DIR:
-#      RULER's 128 new tokens, then capped at 32 (kvbench's former default) and 48;
+#      RULER's 128 new tokens, then capped at 32 (kvbench's former default) and 48; and on RULER's noise haystack
+#      (task.haystack=noise), 128 new tokens;
 #   3. the same three policies as 1 on niah_single_1 at 2k tokens.
 # Then: python scripts/ruler_table.py (results/ruler_cpu/table.md) and kvbench-report results/ruler_cpu.
 set -u
@@ -29,6 +30,7 @@ for length in 1024 2048; do
       run $BIN/kvbench task=niah_single_3 task.context_length=1024 task.haystack=cnndm data.dir=$DATA_DIR $COMMON \
         policy=full gen.max_new_tokens=$cap
     done
+    run $BIN/kvbench task=niah_single_3 task.context_length=1024 task.haystack=noise $COMMON policy=full
   fi
 done
 $BIN/python scripts/ruler_table.py "$OUT"
