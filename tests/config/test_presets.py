@@ -46,8 +46,8 @@ RULER_LENGTHS = {"niah": 128, "vt": 30, "cwe": 120, "fwe": 50, "qa": 32}
 def test_null_max_new_tokens_is_the_tasks_own_length():
     """gen.max_new_tokens=null (the default): each RULER task generates RULER's length, every other task 32;
     resolved once, in place, so the record's config and every consumer read an integer."""
-    from kvbench.config import config_hash
     from kvbench.conf import options
+    from kvbench.config import config_hash
 
     assert _cfg().gen.max_new_tokens is None
     for name in options("task"):
