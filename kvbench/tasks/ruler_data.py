@@ -54,7 +54,7 @@ def mirrors(task) -> list[tuple[Source, str, str, str, str]]:
     if task.hay == "cnndm":
         from kvbench.tasks.cnndm import CNNDM
 
-        return [(CNNDM.source, "test", "task.haystack", "cnndm", "CNN/DailyMail")]
+        return [(CNNDM.dataset, "test", "task.haystack", "cnndm", "CNN/DailyMail")]
     return []
 
 
@@ -91,7 +91,7 @@ def haystack_words(kind: str, data_dir: str | None) -> list[str]:
     else:
         from kvbench.tasks.cnndm import CNNDM
 
-        texts = [r["article"] for r in rows(CNNDM.source, "test", data_dir, "task.haystack", "cnndm", "CNN/DailyMail")]
+        texts = [r["article"] for r in rows(CNNDM.dataset, "test", data_dir, "task.haystack", "cnndm", "CNN/DailyMail")]
     return rt.essay_words(texts)
 
 
