@@ -103,7 +103,12 @@ class Driver:
             self.base.append("skip_existing=true")
 
     def compose(self, *extra: str) -> DictConfig:
-        return compose("config", overrides=[*self.base, *extra])
+        """The config of one run, its presets applied (gen.max_new_tokens=null is the task's own length)."""
+        from kvbench.config import apply_presets
+
+        cfg = compose("config", overrides=[*self.base, *extra])
+        apply_presets(cfg)
+        return cfg
 
     def run(self, *extra: str) -> dict:
         from kvbench.run import run

@@ -111,10 +111,11 @@ def check_question_room(cfg: DictConfig, lengths: list[int]) -> None:
     q = torch.tensor(questions, dtype=torch.long)  # (N,)
     context = torch.tensor(lengths, dtype=torch.long) - q  # (N,) what the engine's budgets come from
     windows = kinds(config).windows
-    budgets = rules.layer_budgets(policy, context.tolist(), len(windows))  # (L, N)
     seq = torch.tensor(lengths) + q + cfg.gen.max_new_tokens  # (N,) as the engine's batch of one sizes it
     win = torch.tensor([torch.iinfo(torch.long).max if w is None else w for w in windows])  # (L,) None: full
     full = win[:, None] >= seq[None, :]  # (L, N) the layers compressed (a window W >= the sequence cuts nothing)
+    budgets = torch.cat([rules.layer_budgets(policy, [c], len(windows), full[:, b].nonzero()[:, 0].tolist())
+                         for b, c in enumerate(context.tolist())], dim=1)  # (L, N): each prompt's own pyramid
     bad = full & question.no_room(policy, budgets, context[None, :], q[None, :])  # (L, N)
     if bool(bad.any()):
         layer, b = (int(i) for i in bad.nonzero()[0])

@@ -1,6 +1,12 @@
 """Presets: one config value that sets several others, applied to the config itself so a record shows what ran.
 
-Today there is one kind, `serve.eviction=<preset>` (the serve modes): OpenVINO GenAI's cache eviction defaults, a
+`gen.max_new_tokens=null` (the default) is the task's own generation length: RULER's per task (128 niah, 30 vt,
+120 cwe, 50 fwe, 32 qa: the task class's `default_new_tokens`), else DEFAULT_NEW_TOKENS (32); resolved once
+here, so every consumer (the engine, the memory account, the planner, the search, serve, the lm-eval adapter,
+the record) reads an integer, and a record's config and `max_new_tokens` state the length generated. A value
+given explicitly is kept (a RULER task records it as a departure when it is not RULER's).
+
+`serve.eviction=<preset>` (the serve modes): OpenVINO GenAI's cache eviction defaults, a
 start area of 32 tokens, an evictable area of 512 and a recent area of 128, NORM_SUM of accumulated attention,
 eviction once the prompt is processed. It needs policy=h2o (accumulated attention) with the keys it sets at
 h2o's own defaults (or already at the preset's values: applying is idempotent).
@@ -22,6 +28,7 @@ from omegaconf import DictConfig
 from kvbench.config.schema import SERVE_MODES
 from kvbench.errors import ConfigError
 
+DEFAULT_NEW_TOKENS = 32  # gen.max_new_tokens of a task that publishes no generation length
 # serve.eviction presets: the policy keys and serve keys each sets
 SERVE_PRESETS = {"openvino": {"policy": {"kv_size": 32 + 512 + 128, "protect_first": 32, "protect_recent": 128,
                                          "schedule": "decode_only"}, "serve": {"block_score": "norm_sum"}}}
@@ -52,9 +59,31 @@ def preset_refusal(cfg: DictConfig) -> ConfigError | None:
     return None
 
 
+def task_new_tokens(cfg: DictConfig) -> int:
+    """gen.max_new_tokens=null resolved: the task class's published length (`default_new_tokens` of the node's
+    `_target_`), else DEFAULT_NEW_TOKENS. A target that is not a kvbench task (refused by the checks) gets the
+    default."""
+    from hydra.utils import get_class
+
+    try:
+        cls = get_class(str(cfg.task.get("_target_")))
+        own = cls.default_new_tokens(cfg.task)
+    except Exception:  # not a class, or not a Task: kvbench.config.checks refuses it in its turn
+        own = None
+    return own if isinstance(own, int) and own > 0 else DEFAULT_NEW_TOKENS
+
+
+def _pending(cfg: DictConfig) -> bool:
+    """Whether a preset would change cfg (gen.max_new_tokens to resolve, or a serve.eviction preset to apply)."""
+    name = cfg.serve.eviction
+    return cfg.gen.max_new_tokens is None or (name in SERVE_PRESETS and preset_refusal(cfg) is None)
+
+
 def apply_presets(cfg: DictConfig) -> None:
-    """Set, in place, the keys `serve.eviction`'s preset names, when it applies (`preset_refusal` is None);
-    otherwise leave cfg unchanged. Idempotent."""
+    """Set, in place, gen.max_new_tokens when null (`task_new_tokens`), and the keys `serve.eviction`'s preset
+    names, when it applies (`preset_refusal` is None); otherwise leave cfg unchanged. Idempotent."""
+    if cfg.gen.max_new_tokens is None:
+        cfg.gen.max_new_tokens = task_new_tokens(cfg)
     name = cfg.serve.eviction
     if name not in SERVE_PRESETS or preset_refusal(cfg) is not None:
         return
@@ -65,8 +94,7 @@ def apply_presets(cfg: DictConfig) -> None:
 
 def with_presets(cfg: DictConfig) -> DictConfig:
     """cfg as it will run: a copy with its presets applied, or cfg itself when none applies (never changed)."""
-    name = cfg.serve.eviction
-    if name not in SERVE_PRESETS or preset_refusal(cfg) is not None:
+    if not _pending(cfg):
         return cfg
     out = copy.deepcopy(cfg)
     apply_presets(out)

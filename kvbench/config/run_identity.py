@@ -25,6 +25,7 @@ import json
 
 from omegaconf import DictConfig, OmegaConf
 
+from kvbench.config.presets import with_presets
 from kvbench.config.schema import SERVE_MODES
 
 # keys that do not change what a run computes: left out of its identity hash
@@ -65,7 +66,9 @@ def _hash(identity_: dict) -> str:
 
 
 def identity(cfg: DictConfig) -> dict:
-    """The resolved config minus keys that do not change what a run computes; `device` is the resolved kind."""
+    """The resolved config, as it will run (its presets applied: gen.max_new_tokens=null is the task's own
+    length), minus keys that do not change what a run computes; `device` is the resolved kind."""
+    cfg = with_presets(cfg)
     return _identity_of(OmegaConf.to_container(cfg, resolve=True), device_kind(cfg.device))
 
 

@@ -23,7 +23,7 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # the Hydra configs:
 
 @dataclass
 class GenConfig:
-    max_new_tokens: int = 32
+    max_new_tokens: int | None = None  # null: the task's own length (RULER's per task), else 32 (config.presets)
     ignore_eos: bool = False
     prefill_chunk: int | None = None  # default: whole prompt (no prefill eviction) or evict_every
     score_chunk: int = 64  # queries per chunk when computing attention weights for scores

@@ -12,7 +12,8 @@ METHODS = {"extreme_decode": "ED", "full": "FKV", "batch_max": "BM", "window": "
            "keydiff": "KeyDiff", "random": "Random"}
 SCHEDULES = {"prefill_and_decode": "P&D", "decode_only": "D"}
 # the column titles of known metrics (any other shows its key), in order of preference for records of no known task
-METRICS = {"rouge2": "ROUGE-2", "accuracy": "accuracy", "string_match_all": "RULER score"}
+METRICS = {"rouge2": "ROUGE-2", "accuracy": "accuracy", "string_match_all": "RULER score",
+           "string_match_part": "RULER QA score"}
 PLOTS = {  # kind -> (file suffix, alt text)
     "accuracy": ("accuracy_vs_throughput.png", "metric vs throughput"),
     "batch": ("max_batch_size.png", "largest batch size per method"),

@@ -69,7 +69,7 @@ def run(cfg: DictConfig, lm: LoadedModel | None = None, sweep: bool = False) -> 
     serve_mode = cfg.mode in ("serve", "serve_limits")
     term = TermGuard().install()
     try:
-        record["extensions"] = policy.describe(paged=serve_mode)["extensions"] + task_extensions(task)
+        record["extensions"] = policy.describe(paged=serve_mode)["extensions"] + task_extensions(task, cfg.gen.max_new_tokens)
         logger = instantiate(cfg.logger)
         record["logger"] = logger.start()
         if record["logger"] and record["logger"].get("note"):
@@ -116,7 +116,7 @@ def _prompts(cfg: DictConfig, record: dict, lm: LoadedModel, policy, task, promp
     kinds = family.check_policy(lm.model.config, policy)
     record["model_family"] = f"{kinds.family}: {kinds.describe()}"
     described = policy.describe(gqa=kinds.gqa, paged=serve_mode)
-    record["extensions"] = described["extensions"] + task_extensions(task)
+    record["extensions"] = described["extensions"] + task_extensions(task, cfg.gen.max_new_tokens)
     samples = task.samples(lm.tokenizer)
     ids = [task.encode(lm.tokenizer, s.prompt) for s in samples]
     windows = kinds.windows_for(max(map(len, ids), default=0) + cfg.gen.max_new_tokens)

@@ -145,9 +145,13 @@ def memory_fields(lm: LoadedModel | None, acc: memory.Account | None) -> dict:
     }
 
 
-def task_extensions(task) -> list[str]:
-    """The task's departures from its published definition (RULER's), and a query-agnostic run said as one."""
+def task_extensions(task, new_tokens: int) -> list[str]:
+    """The task's departures from its published definition (RULER's), a generation length (`new_tokens`,
+    gen.max_new_tokens) other than the task's, and a query-agnostic run said as one."""
     ext = list(task.describe().get("extensions", []))
+    gen = task.generation_departure(new_tokens)
+    if gen:
+        ext.append(gen)
     if not getattr(task, "query_aware", True):
         ext.append("task: query_aware=false: the context is compressed before the question is prefilled "
                    "(kvpress's protocol)")

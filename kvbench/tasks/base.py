@@ -84,6 +84,16 @@ class Task:
     def check_data(self) -> None:
         """Preflight: read and check every data row the run will use (no model); ConfigError if bad."""
 
+    @classmethod
+    def default_new_tokens(cls, settings) -> int | None:
+        """The generation length the task publishes (RULER's per task), given its config node `settings`: what a
+        run generates when gen.max_new_tokens is null; None: the task has none (kvbench's default applies)."""
+        return None
+
+    def generation_departure(self, new_tokens: int) -> str | None:
+        """The record's extension when `new_tokens` (gen.max_new_tokens) is not the task's published length."""
+        return None
+
     # ------------------------------------------------------------------ prompts
     def samples(self, tokenizer) -> list[Sample]:
         raise NotImplementedError

@@ -28,7 +28,7 @@ class CNNDM(FewShotTask):
     metric: ClassVar[str] = "rouge2"
     stop_strings: ClassVar[tuple[str, ...]] = ("Article:",)
     answer_prefix: ClassVar[str] = "Summary:"
-    source: ClassVar[Source] = Source(
+    dataset: ClassVar[Source] = Source(
         hub="abisee/cnn_dailymail",
         config="3.0.0",
         folder="cnn_dailymail",

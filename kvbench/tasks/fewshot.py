@@ -8,7 +8,7 @@ every sample (`shots=fixed`) or drawn per sample (`shots=per_sample`).
 Prompt: exemplars as earlier (user, assistant) turns, then the sample's user turn; the assistant
 turns start with `answer_prefix`, which also ends the prompt. Only the sample's document is cut
 to fit `max_input_tokens` (truncate.py).
-A subclass says where its rows are (`source`) and how a row reads: `document`, `user`,
+A subclass says where its rows are (`dataset`) and how a row reads: `document`, `user`,
 `answer`, `references`.
 """
 
@@ -42,7 +42,7 @@ class FewShotTask(Task):
     shot_split: str = "validation"
     shots: str = "fixed"
 
-    source: ClassVar[data.Source]
+    dataset: ClassVar[data.Source]
     answer_prefix: ClassVar[str] = "Answer:"
     preamble: ClassVar[str] = ""  # put before the first user turn only
 
@@ -52,12 +52,12 @@ class FewShotTask(Task):
             raise ConfigError("task.shots", f"must be one of {', '.join(SHOTS)}", self.shots)
         if not self.data_dir and importlib.util.find_spec("datasets") is None:
             raise ConfigError("data.dir", "is unset, so rows come from the Hub: install the datasets package")
-        rows = data.n_rows(self.source, self.split, self.data_dir)
+        rows = data.n_rows(self.dataset, self.split, self.data_dir)
         if self.n_samples > rows:
             raise ConfigError(
                 "task.n_samples", f"is larger than the {self.split} split ({rows} rows)", self.n_samples
             )
-        shot_rows = data.n_rows(self.source, self.shot_split, self.data_dir, "task.shot_split") if self.n_shot else 0
+        shot_rows = data.n_rows(self.dataset, self.shot_split, self.data_dir, "task.shot_split") if self.n_shot else 0
         if self.n_shot > shot_rows:
             raise ConfigError("task.n_shot", f"is larger than the {self.shot_split} split", self.n_shot)
         if self.metric.startswith("rouge"):
@@ -96,14 +96,14 @@ class FewShotTask(Task):
 
     def select(self) -> tuple[list[dict], list[dict], list[tuple[int, list[int]]]]:
         """(rows, exemplar pool, [(sample row, its exemplar rows)]): which rows the run reads."""
-        rows = data.load(self.source, self.split, self.data_dir)
+        rows = data.load(self.dataset, self.split, self.data_dir)
         if self.n_samples > len(rows):
             raise ConfigError(
                 "task.n_samples", f"is larger than the {self.split} split ({len(rows)} rows)", self.n_samples
             )
         order = permutation(len(rows), self.rng())
         chosen = [next(order) for _ in range(self.n_samples)]
-        pool = data.load(self.source, self.shot_split, self.data_dir) if self.n_shot else []
+        pool = data.load(self.dataset, self.shot_split, self.data_dir) if self.n_shot else []
         if self.shots == "fixed":
             fixed = self.exemplars(pool, {self.key(rows[i], self.split, i) for i in chosen}, str(self.seed))
             return rows, pool, [(i, fixed) for i in chosen]

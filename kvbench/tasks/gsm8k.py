@@ -41,7 +41,7 @@ class GSM8K(FewShotTask):
     metric: ClassVar[str] = "accuracy"
     stop_strings: ClassVar[tuple[str, ...]] = ("Question:",)
     preamble: ClassVar[str] = INSTRUCTION
-    source: ClassVar[Source] = Source(
+    dataset: ClassVar[Source] = Source(
         hub="openai/gsm8k",
         config="main",
         folder="gsm8k",

@@ -44,7 +44,7 @@ class NarrativeQA(FewShotTask):
     name: ClassVar[str] = "narrativeqa"
     metric: ClassVar[str] = "rouge2"
     stop_strings: ClassVar[tuple[str, ...]] = ("\n",)
-    source: ClassVar[Source] = Source(
+    dataset: ClassVar[Source] = Source(
         hub="deepmind/narrativeqa",
         config=None,
         folder="narrativeqa",

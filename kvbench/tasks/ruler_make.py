@@ -1,7 +1,8 @@
-"""The haystacks and needles of RULER's synthetic tasks: one generator per RULER task kind.
+"""The haystacks and needles of RULER's tasks: one generator per RULER task kind.
 
 Each generator takes the task (its settings: `args`, `hay`, `depth`, `context_length`), a seeded
-`random.Random`, the haystack size in units, the essay's words (or None) and the tokenizer, and returns
+`random.Random`, the haystack size in units, its material (the essay's words, QA's (questions, documents),
+or None) and the tokenizer, and returns
 ((prompt, where its question starts), the references, meta). They follow RULER's `scripts/data/synthetic/`
 scripts named in each section; `kvbench.tasks.ruler` sizes the haystack and picks the generator by the
 task's `kind` (`GENERATORS`).
@@ -14,6 +15,28 @@ import random
 import string
 
 from kvbench.tasks import ruler_text as rt
+
+
+def fit(task, tokenizer, prompt_of, target: int) -> int:
+    """The most haystack units whose prompt (`prompt_of(units)`) has at most `target` tokens (bisection)."""
+    from kvbench.errors import ConfigError
+
+    def n(u: int) -> int:
+        return len(task.encode(tokenizer, prompt_of(u)))
+
+    lo = task.min_units
+    if n(lo) > target:
+        raise ConfigError("task.context_length", f"is too small for {task.name}: the prompt needs "
+                          f"{n(lo) + task.gen_tokens} tokens with its smallest haystack", task.context_length)
+    base, probe = n(lo), lo + 16
+    per = max(1e-3, (n(probe) - base) / (probe - lo))
+    hi = max(lo + 1, int(lo + (target - base) / per * 1.1) + 1)
+    while n(hi) <= target:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:  # n(lo) <= target < n(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if n(mid) <= target else (lo, mid)
+    return lo
 
 
 # ---------------------------------------------------------------------- needle in a haystack (niah.py)
@@ -34,7 +57,7 @@ def niah(task, rng, units, words, tokenizer, template):
         values.append(vs)
     rng.shuffle(needles)
     depths = []
-    if task.hay == "essay":
+    if task.hay in rt.PROSE:
         sents = rt.sentences(rt.take_words(words, units))
         at = positions(task, rng, len(sents), len(needles))
         parts, last = [], 0
@@ -82,7 +105,7 @@ def _chain_text(task, rng, units, words, num_chains, num_hops, var_len):
                                                                  range(num_hops)]
         chains.append(chain)
         chain_vars.append(v)
-    if task.hay == "essay":
+    if task.hay in rt.PROSE:
         sents = rt.sentences(rt.take_words(words, units))
         flat = shuffle_sublists(chains, rng)
         at = positions(task, rng, len(sents), len(flat))
@@ -105,16 +128,16 @@ def variable_tracking(task, rng, units, words, tokenizer, template):
     head, prefix = template
     # RULER's in-context example: a chain of 3-letter variables in ~500 tokens of noise, answered
     icl_ctx, icl_value, icl_vars = _chain_text(task, rng, 20, words, chains, hops, 3)
+    # RULER's example: its input (template + answer prefix), " ", its answer, "\n"; then "\n" and the task
     icl = (head.format(context=icl_ctx, query=icl_value, num_v=hops + 1)
-           + prefix.format(query=icl_value, num_v=hops + 1) + " ".join(icl_vars))
+           + prefix.format(query=icl_value, num_v=hops + 1) + " " + " ".join(icl_vars) + "\n")
     context, value, variables = _chain_text(task, rng, units, words, chains, hops, 5)
     prompt = task.prompt(tokenizer, (icl + "\n" + head, prefix), context, query=value, num_v=hops + 1)
     return prompt, variables, {}
 
 # ---------------------------------------------------------------------- common words (common_words_extraction.py)
-def _cwe_list( rng, num_words, common_repeats, uncommon_repeats, num_cw):
-    pool = rt.WORDS if num_words <= len(rt.WORDS) else rt.PAIRS
-    chosen = rng.sample(pool, num_words)
+def _cwe_list(rng, num_words, common_repeats, uncommon_repeats, num_cw):
+    chosen = rng.sample(rt.cwe_words(num_words), num_words)
     common, uncommon = chosen[:num_cw], chosen[num_cw:]
     listed = common * common_repeats + uncommon * uncommon_repeats
     rng.shuffle(listed)
@@ -127,8 +150,8 @@ def common_words_extraction(task, rng, units, words, tokenizer, template):
     shot_ctx, shot_answer = _cwe_list(rng, 20 if short else 40, 3 if short else 10, 1 if short else 3,
                                            num_cw)
     context, answer = _cwe_list(rng, units, freq_cw, freq_ucw, num_cw)
-    head, prefix = template
-    shot = head.format(context=shot_ctx) + " " + " ".join(f"{i + 1}. {w}" for i, w in enumerate(shot_answer))
+    head, prefix = template  # RULER's example: template + answer prefix, then its answer
+    shot = head.format(context=shot_ctx) + prefix + " " + " ".join(f"{i + 1}. {w}" for i, w in enumerate(shot_answer))
     return task.prompt(tokenizer, (shot + "\n" + head, prefix), context), answer, {}
 
 # ---------------------------------------------------------------------- frequent words (freq_words_extraction.py)
@@ -147,6 +170,27 @@ def freq_words_extraction(task, rng, units, words, tokenizer, template):
     return task.prompt(tokenizer, template, " ".join(listed)), vocab[1:4], {}
 
 
+# ---------------------------------------------------------------------- question answering (qa.py)
+def qa(task, rng, units, corpus, tokenizer, template):
+    """`corpus`: (the sample's question, the documents). The question over `units` documents: its gold ones,
+    then its article's other paragraphs (SQuAD), then others drawn at random; shuffled, numbered."""
+    q, docs = corpus
+    gold, more = q["context"], q.get("more_context", [])
+    if units < len(docs):
+        if units - len(gold) > len(more):
+            gold_more = set(gold + more)
+            rest = [i for i in range(len(docs)) if i not in gold_more]
+            picked = gold + more + rng.sample(rest, max(0, units - len(gold) - len(more)))
+        else:
+            picked = gold + rng.sample(more, units - len(gold))
+        chosen = [docs[i] for i in picked]
+    else:
+        chosen = (docs * ((units + len(docs) - 1) // len(docs)))[:units]
+    rng.shuffle(chosen)
+    context = "\n\n".join(rt.DOCUMENT.format(i=i + 1, document=d) for i, d in enumerate(chosen))
+    return task.prompt(tokenizer, template, context, query=q["query"]), list(q["outputs"]), {"documents": units}
+
+
 def shuffle_sublists(lists: list[list[str]], rng: random.Random) -> list[str]:
     """RULER's shuffle_sublists_heap: interleave lists at random, each kept in order."""
     heap = [(rng.random(), i, 0) for i in range(len(lists))]
@@ -160,5 +204,5 @@ def shuffle_sublists(lists: list[list[str]], rng: random.Random) -> list[str]:
     return out
 
 
-GENERATORS = {"niah": niah, "variable_tracking": variable_tracking,
-              "common_words_extraction": common_words_extraction, "freq_words_extraction": freq_words_extraction}
+GENERATORS = {"niah": niah, "variable_tracking": variable_tracking, "common_words_extraction": common_words_extraction,
+              "freq_words_extraction": freq_words_extraction, "qa": qa}

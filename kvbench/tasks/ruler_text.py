@@ -1,27 +1,30 @@
-"""RULER's building blocks, made here without a download: templates, haystacks, words, needles, the score.
+"""RULER's building blocks, made here without a download: templates, words, needles, the score.
 
 From NVIDIA/RULER (scripts/data/synthetic/constants.py, niah.py, variable_tracking.py,
-common_words_extraction.py, freq_words_extraction.py; scripts/eval/synthetic/constants.py):
-the task templates and answer prefixes word for word, the noise haystack ("The grass is green. ..."),
-the needle sentence, 7-digit numbers, UUIDs, the 40 depths of `np.linspace(0, 100, 40)`, and
-`string_match_all` (share of the reference values found, case-insensitive, in the prediction).
+common_words_extraction.py, freq_words_extraction.py, qa.py; scripts/eval/synthetic/constants.py):
+the task templates, answer prefixes and generation lengths word for word, the noise haystack ("The grass
+is green. ..."), the needle sentence, 7-digit numbers, UUIDs, the 40 depths of `np.linspace(0, 100, 40)`,
+`string_match_all` (share of the reference values found, case-insensitive, in the prediction) and
+`string_match_part` (QA: any reference found).
 
-What cannot come from RULER without a download is replaced, and said in `DEPARTURES`:
-- word needles and CWE's words: RULER draws them from the `wonderwords` lists (adjective-noun pairs
-  for keys, ~4,000 nouns/adjectives/verbs for CWE); here a fixed list of common English words below
-  (adjective-noun pairs from it for keys; beyond its size CWE also uses such pairs);
-- the essay haystack (Paul Graham's essays): CNN/DM articles from the local mirror (`data.dir`), split
-  into sentences by a regex instead of nltk's `sent_tokenize`.
+Words: RULER's own lists, the `wonderwords` package's nouns, adjectives and verbs, vendored with their
+licence in `ruler_words/` (SOURCES.txt): word needles are adjective-noun pairs (6,171,620 of them, as
+RULER), CWE's words the 8,166 distinct single words; beyond 8,166 words (long contexts with a tokenizer
+that packs digits) CWE draws single words from SCOWL's English list too (RULER: its english_words.json).
+What still departs from RULER is said in `DEPARTURES` (and the record's extensions).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import uuid
+from pathlib import Path
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 NEEDLE = "One of the special magic {type_needle_v} for {key} is: {value}."
+PROSE = ("essay", "cnndm")  # haystacks of natural text: needles go between sentences
 DEPTHS = [round(100 * i / 39) for i in range(40)]  # np.round(np.linspace(0, 100, 40)).astype(int)
 
 TEMPLATES = {  # kind -> (template, answer prefix, tokens_to_generate): RULER's constants.py
@@ -44,50 +47,54 @@ TEMPLATES = {  # kind -> (template, answer prefix, tokens_to_generate): RULER's 
         "frequently appeared coded words. {context}\nQuestion: Do not provide any explanation. Please ignore "
         "the dots '....'. What are the three most frequently appeared words in the above coded text?",
         " Answer: According to the coded text above, the three most frequently appeared words are:", 50),
+    "qa": (
+        "Answer the question based on the given documents. Only give me the answer and do not output any other "
+        "words.\n\nThe following are given documents.\n\n{context}\n\nAnswer the question based on the given "
+        "documents. Only give me the answer and do not output any other words.\n\nQuestion: {query}",
+        " Answer:", 32),
 }
-ADJECTIVES = (
-    "able bad best better big black blue bold brave brief bright broad brown busy calm careful cheap clean clear "
-    "close cold cool crazy curious dark dear deep direct dry early easy empty equal exact fair false fancy fast "
-    "fine firm flat fresh full funny gentle glad golden good grand great green happy hard heavy high honest hot "
-    "huge humble kind large late lazy light little lively long loud low lucky mad main major mild modern narrow "
-    "neat new nice noble odd old open orange pale plain polite poor proud purple quick quiet rapid rare raw ready "
-    "real red rich rough round royal rude sad safe sharp short shy silent silver simple slow small smart soft "
-    "solid sour spare steep still strange strict strong sudden sweet swift tall tame thick thin tidy tiny tough "
-    "true ugly vast violet warm weak wet white wide wild wise wooden yellow young").split()
-NOUNS = (
-    "account actor airport angle animal answer apple army arrow artist baby bag ball band bank basket battle beach "
-    "bean bear bed bell bird blade boat body bone book bottle box brain branch bread brick bridge brother bucket "
-    "button cabin cake camera camp candle car card carpet castle cat chain chair cheese chest child church circle "
-    "city cloud coat coin comb cook copper corn cotton country cow crowd cup curtain dance desk dinner doctor dog "
-    "door dream dress drum eagle earth egg engine eye face farm feather fence field finger fire fish flag flower "
-    "fog forest fork fox friend frog garden gate ghost gift glass glove goat grape grass guitar hammer hand hat "
-    "heart hill horse house island jacket jelly jewel judge kettle key king kitchen kite knife ladder lake lamp "
-    "leaf lemon letter library lion lock machine map market mirror monkey moon mountain mouse music nail needle "
-    "nest night ocean office onion orchard owl painter paper park pencil piano pig pillow pipe planet plant plate "
-    "pocket poem potato queen rabbit rain river road robot rock roof rope rose sail salt school sea seed sheep "
-    "shelf ship shoe shop silk singer sister sky snake snow sock soldier song spoon spring square star station "
-    "stone storm street sugar sun table teacher tent thread tiger toast tower town toy train tree truck tulip "
-    "umbrella valley village violin wagon wall watch water whale wheel window wing winter wolf wood yard zebra").split()
-VERBS = (
-    "accept add admire allow answer argue arrive ask bake bathe begin believe borrow bounce breathe build burn buy "
-    "call carry catch chase cheer clap climb collect count cover crawl cross cry dance decide deliver design dig "
-    "drag draw dream drink drive drop earn eat enjoy enter escape explain fetch fill find fix float fly fold "
-    "follow gather give glow grab grow guess guide hang help hide hold hope hunt invent join jump kick kneel "
-    "knock laugh learn lend lift listen live march measure melt mix move notice obey offer open paint pass plan "
-    "play point pour pray print pull push race reach read relax remember repair reply return ride ring rise roll "
-    "row rub run rush sail save scream search sell send sew shake shine shout sing sink sit skip sleep slide "
-    "smell smile sneeze sort speak spell spill stand stare start stay steer stir stop study swim talk taste "
-    "teach tell thank think throw touch travel trust turn type unlock visit wait walk wander want wash watch "
-    "wave whisper whistle win wish work worry write yawn yell").split()
-WORDS = sorted(set(ADJECTIVES) | set(NOUNS) | set(VERBS))  # CWE's pool (RULER: wonderwords' three lists)
-PAIRS = [f"{a}-{n}" for a in ADJECTIVES for n in NOUNS]  # word needles (RULER: wonderwords adjective-noun pairs)
+DOCUMENT = "Document {i}:\n{document}"  # qa.py's DOCUMENT_PROMPT
+WORDS_DIR = Path(__file__).with_name("ruler_words")
+
+
+@functools.cache
+def word_file(name: str) -> tuple[str, ...]:
+    """One vendored list, a word a line (wonderwords' _get_words_from_text_file: each line right-stripped)."""
+    return tuple(w.rstrip() for w in (WORDS_DIR / f"{name}.txt").read_text(encoding="utf-8").splitlines())
+
+
+@functools.cache
+def key_words() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(adjectives, nouns), distinct and sorted: their pairs are RULER's word keys (niah.py's sorted set)."""
+    return tuple(sorted(set(word_file("adjectivelist")))), tuple(sorted(set(word_file("nounlist"))))
+
+
+def n_key_pairs() -> int:
+    adjs, nouns = key_words()
+    return len(adjs) * len(nouns)  # 6,171,620, every pair distinct
+
+
+def word_key(rng) -> str:
+    """A uniform draw from RULER's adjective-noun pairs (random.choice(words)), without building the 6.2M list."""
+    adjs, nouns = key_words()
+    i = rng.randrange(len(adjs) * len(nouns))
+    return f"{adjs[i // len(nouns)]}-{nouns[i % len(nouns)]}"
+
+
+@functools.cache
+def cwe_words(n: int) -> tuple[str, ...]:
+    """CWE's pool for `n` words: RULER's 8,166 single words (nouns + adjectives + verbs, distinct, sorted),
+    and beyond them SCOWL's words too (RULER: english_words.json)."""
+    words = tuple(sorted(set(word_file("nounlist") + word_file("adjectivelist") + word_file("verblist"))))
+    return words if n <= len(words) else words + word_file("scowl_words")
+
 
 DEPARTURES = {
-    "words": "word needles and CWE words come from kvbench's fixed list of common English words (RULER: the "
-             "wonderwords lists; adjective-noun pairs for keys as RULER)",
-    "essay": "essay haystack: CNN/DM test articles from data.dir in file order (RULER: Paul Graham's essays), "
-             "split into sentences by a regex (RULER: nltk sent_tokenize)",
-    "essay_fallback": "essay haystack without a CNN/DM mirror in data.dir: RULER's noise haystack instead",
+    "cwe_words": "CWE beyond 8,166 words (RULER's wonderwords lists) draws from SCOWL's English words too "
+                 "(RULER: its english_words.json)",
+    "sentences": "the essay haystack is split into sentences by a regex (RULER: nltk sent_tokenize); its texts "
+                 "are joined with spaces (RULER: its downloaded essays concatenated)",
+    "cnndm": "haystack: CNN/DailyMail test articles (task.haystack=cnndm; RULER: Paul Graham's essays)",
     "vt_icl": "VT's in-context example holds 20 noise lines (RULER: sized to 500 tokens)",
     "seed": "each sample is generated from its own seeded random stream (kvbench: seed/task/index), so samples "
             "do not depend on n_samples (RULER: one global stream, seed 42)",
@@ -95,6 +102,26 @@ DEPARTURES = {
               "the model's own tokens; the haystack is sized per sample by bisection (RULER: one size, then "
               "shrunk per sample)",
 }
+
+
+def departures(task) -> list[str]:
+    """How a RULER task as configured departs from RULER's (the record's extensions, prefixed `task: `)."""
+    published, ruler_len = task.args.get("type_haystack"), TEMPLATES[task.kind][2]
+    if task.source == "kvpress":
+        return ["kvpress's leaderboard prompts (simonjegou/ruler): generated by RULER's scripts with the "
+                f"Llama-3.1-8B tokenizer to {task.context_length} tokens (base template), so their length in this "
+                "model's tokens differs; the prompt is tokenised whole (kvpress: context and question apart)"]
+    ext = [DEPARTURES["seed"], DEPARTURES["length"]]
+    if task.gen_tokens != ruler_len:
+        ext.append(f"tokens_to_generate={task.gen_tokens} sizes the context (RULER: {ruler_len})")
+    if task.hay != published:
+        ext.append(f"haystack {task.hay} (task.haystack; RULER's {task.name}: {published})")
+    if task.hay in PROSE:
+        ext.append(DEPARTURES["sentences"])
+    if task.hay == "cnndm":
+        ext.append(DEPARTURES["cnndm"])
+    return ext + [DEPARTURES[k] for k, kind in (("vt_icl", "variable_tracking"), ("cwe_words", "common_words_extraction"))
+                  if task.kind == kind]
 
 
 def number(rng) -> str:
@@ -105,7 +132,7 @@ def needle_value(rng, kind: str) -> str:
     if kind == "numbers":
         return number(rng)
     if kind == "words":
-        return rng.choice(PAIRS)
+        return word_key(rng)
     if kind == "uuids":
         return str(uuid.UUID(int=rng.getrandbits(128), version=4))
     raise ValueError(kind)
@@ -134,7 +161,17 @@ def zeta(alpha: float, terms: int = 100_000) -> float:
     return head + terms ** (1 - alpha) / (alpha - 1) - 0.5 * terms ** -alpha
 
 
+def _pred(prediction: str) -> str:
+    return re.sub(r"[\x00-\x1f]", "\n", prediction.strip()).strip().lower()  # RULER's postprocess_pred
+
+
 def string_match_all(prediction: str, references: list[str]) -> float:
     """RULER's per-sample string_match_all: the share of the references found in the prediction (no case)."""
-    pred = re.sub(r"[\x00-\x1f]", "\n", prediction.strip()).strip().lower()  # RULER's postprocess_pred
+    pred = _pred(prediction)
     return sum(1.0 for r in references if r.lower() in pred) / len(references)
+
+
+def string_match_part(prediction: str, references: list[str]) -> float:
+    """RULER's per-sample string_match_part (its QA metric): 1 if any reference is in the prediction (no case)."""
+    pred = _pred(prediction)
+    return max(1.0 if r.lower() in pred else 0.0 for r in references)

@@ -9,7 +9,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from kvbench import run as kvrun
-from kvbench.config import CONF_DIR, prepare
+from kvbench.config import CONF_DIR, prepare, with_presets
+from tests.tasks.ruler_shards import kvpress_rows
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 PAPER = [e for e in EXPERIMENTS if e.startswith("paper_")]
@@ -47,6 +48,7 @@ def mirror(tmp_path_factory):
                               "question": {"text": "Who met Bob?"}, "answers": [{"text": "Ann"}, {"text": "Ann."}]}
                              for i in n],
     }
+    splits["ruler_kvpress/4096/test"] = kvpress_rows(["niah_single_1"])  # kvpress's leaderboard rows (simonjegou/ruler)
     splits["cnn_dailymail/validation"] = splits["cnn_dailymail/test"]
     splits["gsm8k/train"] = splits["gsm8k/test"]
     splits["narrativeqa/validation"] = splits["narrativeqa/test"]
@@ -64,8 +66,6 @@ def tiny(experiment: str, mirror) -> list[str]:
     out = [f"experiment={experiment}", "model=tiny-llama", "device=cpu", f"data.dir={mirror}",
            "task.n_samples=2", "task.n_shot=1", "task.max_input_tokens=512", "gen.max_new_tokens=2",
            "policy.kv_size=64", "policy.evict_every=16"]
-    if experiment in KVPRESS:  # a RULER context the byte tokenizer renders quickly
-        out += ["task.context_length=700", "task.tokens_to_generate=8"]
     if base.mode != "serve":  # serve mode refuses a batch size (its scheduler batches)
         out.append("batch_size=2")
     if base.model.get("max_memory"):  # a Hub model's GPU split: not an argument of the tiny model
@@ -98,6 +98,8 @@ def test_kvpress_protocol_settings(experiment):
     cfg = _compose(f"experiment={experiment}", hydra=True)
     assert cfg.hydra.runtime.choices.task == "niah_single_1" and cfg.task.context_length == 4096
     assert cfg.task.query_aware is False and cfg.policy.schedule == "after_prefill"
+    assert cfg.task.source == "kvpress" and cfg.gen.max_new_tokens is None  # kvpress's rows, RULER's lengths
+    assert with_presets(cfg).gen.max_new_tokens == 128
     assert cfg.model.dtype == "bfloat16" and cfg.model.pretrained in ("meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen3-8B")
     text = (CONF_DIR / "experiment" / f"{experiment}.yaml").read_text()
     assert "policy.compression_ratio=0.25,0.5,0.75,0.875" in text

@@ -27,7 +27,7 @@ def test_a_preset_that_applies_sets_its_keys():
 def test_a_preset_that_cannot_apply_leaves_the_config_for_the_checks():
     for overrides in (("policy=h2o", "serve.eviction=openvino"),  # not a serve mode
                       ("mode=serve", "policy=h2o", "serve.eviction=openvino", "policy.protect_recent=7")):
-        cfg = _cfg(*overrides)
+        cfg = _cfg(*overrides, "gen.max_new_tokens=32")  # given: no length to resolve
         before = OmegaConf.to_container(cfg)
         apply_presets(cfg)
         assert OmegaConf.to_container(cfg) == before and with_presets(cfg) is cfg
@@ -35,5 +35,34 @@ def test_a_preset_that_cannot_apply_leaves_the_config_for_the_checks():
 
 
 def test_no_preset_no_change():
-    cfg = _cfg("mode=serve", "policy=h2o")
+    cfg = _cfg("mode=serve", "policy=h2o", "gen.max_new_tokens=32")
     assert preset_refusal(cfg) is None and with_presets(cfg) is cfg
+
+
+# RULER's tokens_to_generate per task (NVIDIA/RULER scripts/data/synthetic/constants.py), written out here
+RULER_LENGTHS = {"niah": 128, "vt": 30, "cwe": 120, "fwe": 50, "qa": 32}
+
+
+def test_null_max_new_tokens_is_the_tasks_own_length():
+    """gen.max_new_tokens=null (the default): each RULER task generates RULER's length, every other task 32;
+    resolved once, in place, so the record's config and every consumer read an integer."""
+    from kvbench.conf import options
+    from kvbench.config import config_hash
+
+    assert _cfg().gen.max_new_tokens is None
+    for name in options("task"):
+        cfg = _cfg(f"task={name}")
+        hash_before = config_hash(cfg)
+        apply_presets(cfg)
+        kind = name.split("_")[0]
+        assert cfg.gen.max_new_tokens == RULER_LENGTHS.get(kind, RULER_LENGTHS.get(name, 32)), name
+        assert config_hash(cfg) == hash_before  # the identity is the length that runs, resolved or not
+        apply_presets(cfg)  # idempotent
+        assert cfg.gen.max_new_tokens == RULER_LENGTHS.get(kind, RULER_LENGTHS.get(name, 32))
+    given = _cfg("task=niah_single_3", "gen.max_new_tokens=48")
+    assert with_presets(given).gen.max_new_tokens == 48  # given explicitly: kept
+    own = _cfg("task=cwe", "task.tokens_to_generate=64")
+    assert with_presets(own).gen.max_new_tokens == 64  # the task's own tokens_to_generate
+    assert with_presets(_cfg("task=passkey")).gen.max_new_tokens == 32
+    plain = _cfg("task=cnndm")
+    assert config_hash(plain) == config_hash(_cfg("task=cnndm", "gen.max_new_tokens=32"))  # old records' identity

@@ -18,9 +18,12 @@ def _compose(*overrides):
 def test_every_option_composes(group, option, tmp_path):
     overrides = [f"{group}={option}", f"results_dir={tmp_path}"]
     if group == "task" and option != "passkey":
+        from tests.tasks import ruler_shards
         from tests.tasks.test_fewshot import write_mirror
 
-        overrides.append("data.dir=" + str(write_mirror(tmp_path / "data")))
+        mirror = write_mirror(tmp_path / "data")
+        ruler_shards.mirror(mirror)  # RULER's essays and QA sets: a data.dir without them is refused
+        overrides.append(f"data.dir={mirror}")
     cfg = _compose(*overrides)
     prepare(cfg)
 

@@ -15,6 +15,9 @@ without loading weights:
 - `kvbench-report DIR`: run on DIR's committed records (into a temporary folder, no plots); a DIR with no
   records in the checkout (the default `outputs` a documented sweep writes) is run on a committed one;
 - `kvbench-gpu-check`, `pip install 'kvbench[extra]'`: the console script and the extra exist;
+- `lm-eval run --model kvbench` (lm-evaluation-harness's release after 0.4.x, plugins by entry point): the
+  `lm_eval.models` entry point `kvbench` in pyproject.toml loads kvbench's model class, and the model_args pass
+  kvbench's preflight as `kvbench-lm-eval`'s do;
 - `make TARGET`: the Makefile has the target; `python scripts/X.py --flag`: the script exists and takes
   every flag shown; `scripts/X.sh`: exists and is executable.
 
@@ -41,7 +44,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROO
          ROOT / "results" / "README.md"]
 SHARED_DATA = "../shared/data"  # relative to the checkout, as the docs write it
 PROGRAMS = ("kvbench", "kvbench-reproduce", "kvbench-plan", "kvbench-report", "kvbench-gpu-check", "kvbench-needle",
-            "kvbench-lm-eval", "make", "python", "pip")
+            "kvbench-lm-eval", "lm-eval", "make", "python", "pip")
 SHELL_LANGS = ("", "bash", "sh", "shell", "console")
 
 
@@ -257,9 +260,16 @@ def test_documented_command(cmd, data_dir, monkeypatch, request, tmp_path):
         parsed.depths = parsed.depths[:1]
         for job in needle.jobs(parsed, rest):
             check_kvbench(cmd, job, monkeypatch, request)
-    elif prog == "kvbench-lm-eval":  # lm_eval's own flags, then the console script's preflight of its model_args
-        from kvbench import lmeval_args
+    elif prog in ("kvbench-lm-eval", "lm-eval"):  # lm_eval's own flags, then the console script's preflight of its model_args
+        from kvbench import lmeval, lmeval_args
 
+        if prog == "lm-eval":  # the model comes from kvbench's entry point, as lm_eval's plugin discovery loads it
+            from importlib.metadata import EntryPoint
+
+            assert args[:1] == ["run"], f"{cmd.id}: lm-eval run ..."
+            args = args[1:]
+            target = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["lm_eval.models"]
+            assert EntryPoint("kvbench", target["kvbench"], "lm_eval.models").load() is lmeval.KVBenchLM
         flags = dict(zip(args[::2], args[1::2], strict=False))
         assert flags.get("--model") == "kvbench" and flags.get("--tasks"), f"{cmd.id}: --model kvbench --tasks"
         check_kvbench(cmd, args, monkeypatch, request,

@@ -107,12 +107,12 @@ def test_gzip_and_plain_mirrors_read_the_same_rows(tmp_path):
     a, b = write_mirror(tmp_path / "a", gz=True), write_mirror(tmp_path / "b", gz=False)
     assert (a / "gsm8k" / "test.jsonl.gz").exists() and (b / "gsm8k" / "test.jsonl").exists()
     for cls in (CNNDM, NarrativeQA, GSM8K):
-        rows_a = data.load(cls.source, "test", str(a))
-        assert rows_a == data.load(cls.source, "test", str(b))
-        assert len(rows_a) == len(MIRROR[(cls.source.folder, "test")]())
-    assert data.load(NarrativeQA.source, "test", str(a))[0] == narrativeqa_rows("test", 6)[0]
+        rows_a = data.load(cls.dataset, "test", str(a))
+        assert rows_a == data.load(cls.dataset, "test", str(b))
+        assert len(rows_a) == len(MIRROR[(cls.dataset.folder, "test")]())
+    assert data.load(NarrativeQA.dataset, "test", str(a))[0] == narrativeqa_rows("test", 6)[0]
     # only the columns a task reads are kept
-    assert data.load(CNNDM.source, "test", str(a))[0].keys() == {"article", "highlights"}
+    assert data.load(CNNDM.dataset, "test", str(a))[0].keys() == {"article", "highlights"}
 
 
 def test_hub_rows_are_flattened_to_the_task_columns(monkeypatch, tmp_path):
@@ -129,7 +129,7 @@ def test_hub_rows_are_flattened_to_the_task_columns(monkeypatch, tmp_path):
         return datasets.Dataset.from_list(full)
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load)
-    rows = data._read_hub.__wrapped__("deepmind/narrativeqa", None, "test", NarrativeQA.source.columns)
+    rows = data._read_hub.__wrapped__("deepmind/narrativeqa", None, "test", NarrativeQA.dataset.columns)
     assert calls == [("deepmind/narrativeqa", None, "test")]
     assert rows == narrativeqa_rows("test", 2)
 
@@ -142,7 +142,7 @@ def test_answers_in_either_hub_layout():
 def test_missing_column_names_the_file(tmp_path):
     write_jsonl(tmp_path / "gsm8k" / "test.jsonl", [{"question": "q"}], gz=False)
     with pytest.raises(ConfigError, match=r"data.dir.*test.jsonl:1 has no column 'answer'"):
-        data.load(GSM8K.source, "test", str(tmp_path))
+        data.load(GSM8K.dataset, "test", str(tmp_path))
 
 
 # ----------------------------------------------------------------------------- bad configuration
@@ -274,7 +274,7 @@ def test_exemplars_disjoint_from_samples_in_the_same_split(mirror, tok, shots):
 @pytest.mark.parametrize("shots", ["fixed", "per_sample"])
 def test_narrativeqa_exemplars_come_from_other_documents(mirror, tok, shots):
     task = NarrativeQA(data_dir=mirror, split="validation", n_samples=4, n_shot=2, shots=shots, max_input_tokens=None)
-    rows = data.load(task.source, "validation", mirror)
+    rows = data.load(task.dataset, "validation", mirror)
     samples = task.samples(tok)
     doc = lambda i: rows[i]["document"]["id"]  # noqa: E731
     sample_docs = {doc(s.index) for s in samples}
@@ -296,8 +296,8 @@ def test_too_few_exemplar_documents_is_an_error(mirror, tok):
 # ----------------------------------------------------------------------------- prompts
 def test_chat_prompt_has_the_exemplar_and_the_template(mirror, tok):
     task = CNNDM(data_dir=mirror, n_samples=3, max_input_tokens=None)
-    val = data.load(task.source, "validation", mirror)
-    test = data.load(task.source, "test", mirror)
+    val = data.load(task.dataset, "validation", mirror)
+    test = data.load(task.dataset, "test", mirror)
     for s in task.samples(tok):
         (shot,) = s.meta["shots"]
         assert s.prompt.startswith("<|im_start|>user\nArticle: " + val[shot]["article"] + "\n\nSummarise")
@@ -314,7 +314,7 @@ def test_chat_prompt_has_the_exemplar_and_the_template(mirror, tok):
 
 def test_plain_prompt_for_base_models(mirror, tok):
     task = NarrativeQA(data_dir=mirror, n_samples=2, prompt_style="plain", max_input_tokens=None)
-    val = data.load(task.source, "validation", mirror)
+    val = data.load(task.dataset, "validation", mirror)
     for s in task.samples(tok):
         assert "<|im_start|>" not in s.prompt
         blocks = s.prompt.split("\n\nStory: ")
@@ -326,7 +326,7 @@ def test_plain_prompt_for_base_models(mirror, tok):
 
 def test_gsm8k_prompt(mirror, tok):
     task = GSM8K(data_dir=mirror, n_samples=2, n_shot=3, max_input_tokens=None)
-    train = data.load(task.source, "train", mirror)
+    train = data.load(task.dataset, "train", mirror)
     s = task.samples(tok)[0]
     assert s.prompt.count("Solve each math problem step by step.") == 1
     assert s.prompt.startswith("<|im_start|>user\nSolve each math problem")
@@ -344,7 +344,7 @@ def test_document_is_cut_at_the_limit_and_counted(mirror, tok):
     lengths = sorted(encoded_len(task, tok, s.prompt) for s in full.values())
     limit = lengths[len(lengths) // 2]  # about half the prompts are over it
     task = CNNDM(data_dir=mirror, n_samples=12, max_input_tokens=limit)
-    test = data.load(task.source, "test", mirror)
+    test = data.load(task.dataset, "test", mirror)
     samples = task.samples(tok)
     over = {i for i, s in full.items() if encoded_len(task, tok, s.prompt) > limit}
     assert 3 <= len(over) < 12
