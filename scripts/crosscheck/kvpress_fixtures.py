@@ -37,7 +37,10 @@ CASES = {  # name -> (press class, arguments; an inner press as (class, argument
     "kvzap_linear_dms": ("DMSPress", dict(press=("KVzapPress", dict(model_type="linear")), threshold=0.0,
                                           sliding_window_size=8)),
     "critical_expected_attention": ("CriticalKVPress", dict(press=("ExpectedAttentionPress", dict(use_vnorm=False)))),
-    "chunkkv_expected_attention": ("ChunkKVPress", dict(press=("ExpectedAttentionPress", {}), chunk_length=7)),
+    "chunkkv_expected_attention": ("ChunkKVPress", dict(press=("ExpectedAttentionPress", {}), chunk_length=12)),
+    # the leaderboard's kvzap_mlp_layer, where AdaKV's safeguard decides a head's count (ratio 0.75, alpha 0.5)
+    "adakv_kvzap_mlp": ("AdaKVPress", dict(press=("KVzapPress", dict(model_type="mlp")), alpha_safeguard=0.5,
+                                           ratio=0.75)),
     "kvzip": ("KVzipPress", dict(chunk_size=16)),
     "kvzip_plus": ("KVzipPress", dict(chunk_size=16, kvzip_plus_normalization=True)),
     "kvzip_layerwise": ("KVzipPress", dict(chunk_size=16, layerwise=True)),
@@ -46,15 +49,15 @@ CASES = {  # name -> (press class, arguments; an inner press as (class, argument
 SKETCH_SEED = 3  # torch's global generator, seeded just before the prefill (Compactor, leverage)
 
 
-def build(kvpress, cls: str, kw: dict, tok):
+def build(kvpress, cls: str, kw: dict, ratio: float):
     kw = dict(kw)
     inner = kw.pop("press", None)
     if cls == "DMSPress":
         press = kvpress.DMSPress(press=getattr(kvpress, inner[0])(**inner[1]), **kw)
     elif inner is not None:
-        press = getattr(kvpress, cls)(press=getattr(kvpress, inner[0])(compression_ratio=RATIO, **inner[1]), **kw)
+        press = getattr(kvpress, cls)(press=getattr(kvpress, inner[0])(compression_ratio=ratio, **inner[1]), **kw)
     else:
-        press = getattr(kvpress, cls)(compression_ratio=RATIO, **kw)
+        press = getattr(kvpress, cls)(compression_ratio=ratio, **kw)
     scorer = getattr(press, "press", press)
     if type(scorer).__name__ == "KVzapPress":
         from kvpress.presses.kvzap_press import KVzapConfig, KVzapModel
@@ -67,11 +70,13 @@ def build(kvpress, cls: str, kw: dict, tok):
     return press
 
 
-def run(kvpress, model, name: str, tok) -> dict:
+def run(kvpress, model, name: str) -> dict:
     from transformers import DynamicCache
 
     cls, kw = CASES[name]
-    press = build(kvpress, cls, kw, tok)
+    kw = dict(kw)
+    ratio = kw.pop("ratio", RATIO)
+    press = build(kvpress, cls, kw, ratio)
     cap = Capture(kvpress, press)
     ids = T.prompt_ids()
     cfg = model.config
@@ -81,7 +86,7 @@ def run(kvpress, model, name: str, tok) -> dict:
             model(input_ids=torch.tensor([ids]), past_key_values=DynamicCache(), use_cache=True)
     layers = range(cfg.num_hidden_layers)
     out = {"press": name, "class": cls, "args": {k: v for k, v in kw.items() if k != "press"},
-           "inner": kw.get("press"), "ratio": RATIO, "ids": ids, "sketch_seed": SKETCH_SEED,
+           "inner": kw.get("press"), "ratio": ratio, "ids": ids, "sketch_seed": SKETCH_SEED,
            "weights_sum": T.weights_sum(model),
            "kept": [cap.kept(model, layer, len(ids), cfg.num_key_value_heads) for layer in layers]}
     if cap.scores:
@@ -125,7 +130,7 @@ def main() -> None:
     model = T.tiny_model()
     versions = {"kvpress": importlib.metadata.version("kvpress"), "transformers": __import__("transformers").__version__, "torch": torch.__version__}
     for name in CASES:
-        rec = run(kvpress, model, name, tok)
+        rec = run(kvpress, model, name)
         (out / f"{name}.json").write_text(json.dumps({**rec, "versions": versions}) + "\n")
         print(name, flush=True)
     (out / "duo_attention.json").write_text(json.dumps({**duo(kvpress, model, tok), "versions": versions}) + "\n")

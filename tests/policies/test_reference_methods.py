@@ -82,7 +82,7 @@ def scores_of(name: str, fx: dict, layer: int):
     return M.kvzap(cfg, sd, layer, heads, seen)
 
 
-RANKED = ["expected_attention", "adakv_expected_attention", "lagkv", "leverage", "non_causal_attention", "compactor",
+RANKED = ["expected_attention", "adakv_expected_attention", "adakv_kvzap_mlp", "lagkv", "leverage", "non_causal_attention", "compactor",
           "kvzap_mlp_head", "kvzap_linear_dms", "critical_expected_attention"]
 
 
@@ -93,8 +93,8 @@ def test_scores_and_kept_pairs_are_kvpress(name):
     for layer, (want, kept) in enumerate(zip(fx["scores"], fx["kept"], strict=True)):
         got = scores_of(name, fx, layer)
         close(got, want)
-        if name == "adakv_expected_attention":
-            assert S.adakv(got, fx["ratio"]) == kept
+        if name.startswith("adakv"):
+            assert S.adakv(got, fx["ratio"], fx["args"].get("alpha_safeguard", 0.2)) == kept
         elif name == "kvzap_linear_dms":
             assert S.dms(got, fx["args"]["threshold"], fx["args"]["sliding_window_size"]) == kept
         else:
