@@ -161,6 +161,7 @@ def main() -> None:
             jobs = [(n, v) for n in cases.PRESSES if not ONLY or n in ONLY
                     for v in cases.settings(n) if (not ONLY_RATIOS or v in ONLY_RATIOS)
                     and not (out_dir / f"{n}-{v}.json").exists()]
+            jobs.sort(key=lambda j: cases.settings(j[0]).index(j[1]) != 1)  # every press's middle setting first
             state = kvpress_methods.setup(kvpress, model, work, sorted({n for n, _ in jobs}))
             for name, value in jobs:
                 rec = kvpress_methods.run(kvpress, model, spec, name, value, state)
