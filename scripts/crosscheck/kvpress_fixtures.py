@@ -26,6 +26,7 @@ from kvpress_methods import Capture  # noqa: E402  (this folder)
 from tests import kvpress_tiny as T  # noqa: E402
 
 RATIO = 0.5
+NEW = 6  # tokens decoded after the compression
 CASES = {  # name -> (press class, arguments; an inner press as (class, arguments) under "press")
     "expected_attention": ("ExpectedAttentionPress", {}),
     "adakv_expected_attention": ("AdaKVPress", dict(press=("ExpectedAttentionPress", dict(epsilon=1e-2)))),
@@ -70,9 +71,24 @@ def build(kvpress, cls: str, kw: dict, ratio: float):
     return press
 
 
-def run(kvpress, model, name: str) -> dict:
+def prefill_and_decode(model, press, ids: list[int]) -> list[int]:
+    """The prompt prefilled under the press, then NEW greedy tokens at the positions after it (kvpress's
+    protocol, as kvpress_side.py runs it)."""
     from transformers import DynamicCache
 
+    cache = DynamicCache()
+    with torch.inference_mode():
+        with press(model):
+            logits = model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True).logits[0, -1]
+        out = [int(logits.argmax())]
+        for i in range(NEW - 1):
+            logits = model(input_ids=torch.tensor([[out[-1]]]), past_key_values=cache,
+                           position_ids=torch.tensor([[len(ids) + i]])).logits[0, -1]
+            out.append(int(logits.argmax()))
+    return out
+
+
+def run(kvpress, model, name: str) -> dict:
     cls, kw = CASES[name]
     kw = dict(kw)
     ratio = kw.pop("ratio", RATIO)
@@ -81,13 +97,11 @@ def run(kvpress, model, name: str) -> dict:
     ids = T.prompt_ids()
     cfg = model.config
     torch.manual_seed(SKETCH_SEED)
-    with torch.inference_mode():
-        with press(model):
-            model(input_ids=torch.tensor([ids]), past_key_values=DynamicCache(), use_cache=True)
+    tokens = prefill_and_decode(model, press, ids)
     layers = range(cfg.num_hidden_layers)
     out = {"press": name, "class": cls, "args": {k: v for k, v in kw.items() if k != "press"},
            "inner": kw.get("press"), "ratio": ratio, "ids": ids, "sketch_seed": SKETCH_SEED,
-           "weights_sum": T.weights_sum(model),
+           "weights_sum": T.weights_sum(model), "tokens": tokens,
            "kept": [cap.kept(model, layer, len(ids), cfg.num_key_value_heads) for layer in layers]}
     if cap.scores:
         out["scores"] = [cap.scores[layer][0].tolist() for layer in layers]
@@ -100,7 +114,6 @@ def duo(kvpress, model, tok) -> dict:
     """DuoAttention's on-the-fly head scores on CALIBRATION (3 texts, q_len 16) and its streaming mask."""
     import pandas as pd
     from kvpress.presses import duo_attention_press as d
-    from transformers import DynamicCache
 
     d.load_dataset = lambda *a, **k: SimpleNamespace(to_pandas=lambda: pd.DataFrame({"chapter": T.CALIBRATION}))
     scores = d.duo_attention_on_the_fly.__wrapped__(model, num_samples=3, q_len=16)
@@ -108,13 +121,11 @@ def duo(kvpress, model, tok) -> dict:
     press.load_attention_pattern = lambda m: (2, 4, scores)  # the published patterns' format: sink, recent, scores
     cap = Capture(kvpress, press)
     ids = T.prompt_ids()
-    with torch.inference_mode():
-        with press(model):  # post_init_from_model reads the pattern above
-            model(input_ids=torch.tensor([ids]), past_key_values=DynamicCache(), use_cache=True)
+    tokens = prefill_and_decode(model, press, ids)  # post_init_from_model reads the pattern above
     cfg = model.config
     return {"press": "duo_attention", "num_samples": 3, "q_len": 16, "ratio": RATIO, "texts": T.CALIBRATION,
             "weights_sum": T.weights_sum(model), "head_scores": scores.tolist(), "sink_size": 2, "recent_size": 4,
-            "streaming_mask": press.streaming_mask.tolist(), "ids": ids,
+            "streaming_mask": press.streaming_mask.tolist(), "ids": ids, "tokens": tokens,
             "kept": [cap.kept(model, layer, len(ids), cfg.num_key_value_heads) for layer in range(cfg.num_hidden_layers)]}
 
 
