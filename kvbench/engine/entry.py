@@ -4,7 +4,6 @@ limit before anything is allocated; the model's EOS and pad ids."""
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Sequence
 
 from tqdm.auto import tqdm
@@ -43,22 +42,15 @@ def generate(
     decode_steps: int | None = None,
     attention: str = "auto",
     question_tokens: Sequence[int] | None = None,
-    budget: memory.Budget | None = None,
 ) -> GenerationOutput:
     """Greedy generation of `prompts` (strings or token ids) in batches under `policy`.
 
     Batches keep the given order (no sorting), so a batch size that divides the sample count gives
     every run the same batches. EOS ids default to the model's generation config. `memory_limit` (bytes per
-    device, `kvbench.memory.Budget`; `budget=` is its name before issue 35), `warmup`, `decode_steps`: see
-    kvbench.engine; `attention`: auto | sdpa | flash | eager | fused (kvbench.attention; the backend really
+    device, `kvbench.memory.Budget`), `warmup`, `decode_steps`: see kvbench.engine; `attention`: auto | sdpa | flash | eager | fused (kvbench.attention; the backend really
     used is `out.attention`, and the account charges its transient); `question_tokens`: per prompt, its last
     tokens that are the question, prefilled after the context's compression (query-agnostic).
     """
-    if budget is not None:
-        if memory_limit is not None:
-            raise TypeError("generate: pass memory_limit= only (budget= is its old name)")
-        warnings.warn("generate(budget=...) is now generate(memory_limit=...)", DeprecationWarning, stacklevel=2)
-        memory_limit = budget
     ids = encode(tokenizer, prompts, add_special_tokens) if prompts and isinstance(prompts[0], str) else [
         list(p) for p in prompts]
     if any(len(x) == 0 for x in ids):
