@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from mkdocs.structure.files import File
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "results"
@@ -40,6 +39,8 @@ def rewrite(markdown: str, src_uri: str) -> str:
 
 
 def on_files(files, config, **kwargs):
+    from mkdocs.structure.files import File  # here, not at the top: the tests import this module without mkdocs
+
     for path in served():
         files.append(File.generated(config, site_path(path), abs_src_path=str(path)))
     return files
