@@ -90,7 +90,7 @@ def strip_plots(md: str) -> list[str]:
 
 
 # ---------------------------------------------------------------------- report tables, regenerated
-@pytest.mark.parametrize("folder", ["mini", "example_cnndm"])
+@pytest.mark.parametrize("folder", ["mini", "example_cnndm", "needle_cpu", "ruler_cpu"])
 def test_tables_md_is_what_kvbench_report_makes_of_the_records(folder, tmp_path):
     from kvbench.report.files import write_report
 
