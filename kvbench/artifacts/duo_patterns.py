@@ -102,3 +102,9 @@ def streaming_heads(scores: np.ndarray, head_compression_ratio: float) -> torch.
         idx = np.argsort(scores, axis=None)[:n]
         mask[np.unravel_index(idx, scores.shape)] = True
     return mask
+
+
+def retrieval_heads(pattern: HeadPattern, head_compression_ratio: float) -> tuple[torch.Tensor, int, int]:
+    """What a DuoAttention policy needs: (L, H_kv) bool, True = retrieval head (keeps every pair); and the
+    streaming heads' sink_size and recent_size (pairs [sink_size, n - recent_size) of a streaming head go)."""
+    return ~streaming_heads(pattern.scores, head_compression_ratio), pattern.sink_size, pattern.recent_size

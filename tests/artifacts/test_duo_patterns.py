@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kvbench.artifacts.duo_calibration import calibrate, head_scores
-from kvbench.artifacts.duo_patterns import check_shape, published_pattern, streaming_heads
+from kvbench.artifacts.duo_patterns import check_shape, published_pattern, retrieval_heads, streaming_heads
 from kvbench.errors import ConfigError
 from tests import kvpress_tiny as T
 
@@ -27,6 +27,9 @@ def test_published_layout_clipped(tmp_path):
     p = published_pattern(str(write_pattern(tmp_path / "p", [[0.2, 1.7], [-0.3, 0.9], [0.5, 0.1]])))
     assert (p.sink_size, p.recent_size) == (2, 4)
     np.testing.assert_array_equal(p.scores, [[0.2, 1.0], [0.0, 0.9], [0.5, 0.1]])
+    keep, sink, recent = retrieval_heads(p, 0.5)
+    assert keep.dtype == torch.bool and keep.tolist() == [[False, True], [False, True], [True, False]]
+    assert (sink, recent) == (2, 4)
 
 
 def test_streaming_rule():
@@ -78,3 +81,12 @@ def test_on_the_fly_depends_on_text_and_position():
     with pytest.raises(ConfigError):
         head_scores(model, [[]])
     assert torch.is_tensor(streaming_heads(a, 0.5))
+
+
+def test_on_the_fly_bfloat16_close():
+    """A bf16 model gives the float32 ranking's scores to bf16 rounding (softmax in float32 as kvpress)."""
+    seqs = [T.CharTokenizer().encode(t) for t in T.CALIBRATION]
+    ref = head_scores(T.tiny_model(), seqs, q_len=16)
+    got = head_scores(T.tiny_model(torch.bfloat16), seqs, q_len=16)
+    np.testing.assert_allclose(got, ref, atol=2e-3)
+    assert streaming_heads(got, 0.5).tolist() == streaming_heads(ref, 0.5).tolist()
