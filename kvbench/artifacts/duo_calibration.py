@@ -7,6 +7,10 @@ attention (`input_layernorm` of the layer's input); the mean over the text's pos
 does for Qwen3); the mean query placed at position q_len-1 and the mean key at 0..q_len-1 with the model's
 rotary embedding; weights = float32 softmax(q k^T / sqrt(D)); a query head's score is the mean over t of the
 cumulative sum of its weights (mass on early positions: high = retrieval); mean over the group, then over texts.
+Departures (kvpress covers Llama/Mistral/Qwen3 only): OLMo2's whole-projection q/k norms are applied and its
+un-normalised layer input used (it normalises after attention); fused-projection (Phi-3) and interleaved-RoPE
+(GLM-4) models are refused. The logits are not scaled by a family's own attention scale (Gemma's
+query_pre_attn_scalar, Granite's multiplier): kvpress's 1/sqrt(D), as it does.
 """
 
 from __future__ import annotations
@@ -17,12 +21,30 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from kvbench.artifacts.duo_patterns import ON_THE_FLY_WINDOWS, HeadPattern
 from kvbench.errors import ConfigError
+from kvbench.models.family.table import INTERLEAVED_ROPE
 
 
 def _pre_rope(proj: torch.nn.Module, norm, h: torch.Tensor, d: int) -> torch.Tensor:
-    """h (1, T, hidden) -> (1, T, heads, D), with the per-head norm when the module has one."""
-    x = proj(h).view(1, h.shape[1], -1, d)
+    """h (1, T, hidden) -> (1, T, heads, D), with the module's query/key norm where it has one: per head
+    (Qwen3, Gemma3, Cohere: after the view, as kvpress does) or over the whole projection (OLMo2: before it;
+    kvpress applies no norm there, a departure towards the model's own pre-RoPE query)."""
+    x = proj(h)  # (1, T, heads * D)
+    if norm is not None and norm.weight.dim() == 1 and norm.weight.numel() == x.shape[-1] != d:
+        x = norm(x)
+        norm = None
+    x = x.view(1, h.shape[1], -1, d)
     return norm(x) if norm is not None else x
+
+
+def _check(model) -> None:
+    """Models this rule cannot read the same way: fused q/k/v projections, interleaved (GPT-J) RoPE."""
+    attn = model.model.layers[0].self_attn
+    if not (hasattr(attn, "q_proj") and hasattr(attn, "k_proj")):
+        raise ConfigError("policy.calibration", "on-the-fly DuoAttention needs separate q_proj and k_proj "
+                          "(this model fuses them)", model.config.model_type)
+    if model.config.model_type in INTERLEAVED_ROPE:
+        raise ConfigError("policy.calibration", "on-the-fly DuoAttention uses rotate-half RoPE; this model "
+                          "rotates interleaved pairs", model.config.model_type)
 
 
 @torch.no_grad()
@@ -30,6 +52,7 @@ def head_scores(model, sequences: list[list[int]], q_len: int = 500) -> np.ndarr
     """(L, H_kv) float32 scores averaged over `sequences` (each one text's ids, forwarded whole, batch 1)."""
     if not sequences or any(len(s) == 0 for s in sequences):
         raise ConfigError("policy.calibration", "needs at least one non-empty token sequence")
+    _check(model)
     cfg = model.config
     hq, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
     group = hq // hkv
@@ -42,7 +65,8 @@ def head_scores(model, sequences: list[list[int]], q_len: int = 500) -> np.ndarr
             layer = model.model.layers[li]
             attn = layer.self_attn
             d = attn.head_dim
-            h = layer.input_layernorm(h)
+            pre = getattr(layer, "input_layernorm", None)  # OLMo2 normalises after attention: h enters as is
+            h = pre(h) if pre is not None else h
             q = _pre_rope(attn.q_proj, getattr(attn, "q_norm", None), h, d).mean(1, keepdim=True)  # (1, 1, Hq, D)
             k = _pre_rope(attn.k_proj, getattr(attn, "k_norm", None), h, d).mean(1, keepdim=True)  # (1, 1, H, D)
             q = q.repeat(1, q_len, 1, 1).transpose(1, 2)  # (1, Hq, q_len, D)

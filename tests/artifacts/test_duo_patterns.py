@@ -90,3 +90,25 @@ def test_on_the_fly_bfloat16_close():
     got = head_scores(T.tiny_model(torch.bfloat16), seqs, q_len=16)
     np.testing.assert_allclose(got, ref, atol=2e-3)
     assert streaming_heads(got, 0.5).tolist() == streaming_heads(ref, 0.5).tolist()
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "olmo2"])
+def test_on_the_fly_query_norms(arch):
+    """Per-head norms (Qwen3) and whole-projection norms (OLMo2) are both applied: scores differ without them."""
+    from kvbench.models.tiny import build_tiny
+
+    model = build_tiny("t", arch=arch, device="cpu").model
+    seqs = [list(range(10, 30)), list(range(40, 52))]
+    a = head_scores(model, seqs, q_len=16)
+    assert a.shape == (model.config.num_hidden_layers, model.config.num_key_value_heads)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_norm.weight.mul_(3.0)
+    assert not np.allclose(a, head_scores(model, seqs, q_len=16))
+
+
+def test_on_the_fly_refuses_fused_projections():
+    from kvbench.models.tiny import build_tiny
+
+    with pytest.raises(ConfigError, match="q_proj"):
+        head_scores(build_tiny("t", arch="phi3", device="cpu").model, [[1, 2, 3]], q_len=8)
