@@ -20,6 +20,7 @@ from torch import nn
 from kvbench.errors import ConfigError
 
 KEY = "policy.scorer"
+_ANSWERS: dict[str, bool] = {}  # whether the Hub answered, asked once per process
 
 
 class KVzapScorer(nn.Module):
@@ -55,16 +56,24 @@ def hub_id(model_type: str, name_or_path: str) -> str:
 
 
 def scorer_dir(source: str) -> Path:
-    """A local folder as is; otherwise a Hub repository id fetched with huggingface_hub (config + weights only)."""
-    path = Path(source)
+    """A local folder as is; otherwise a Hub repository id fetched with huggingface_hub (config + weights only),
+    from the local Hugging Face cache alone when HF_HUB_OFFLINE is set or the Hub does not answer in time."""
+    path = Path(source).expanduser()
     if path.is_dir():
         return path
-    from huggingface_hub import snapshot_download
+    import huggingface_hub
 
+    from kvbench.models.hub import HUB_TIMEOUT, offline
+    from kvbench.net import answers
+
+    local_only = offline() or not answers(huggingface_hub.constants.ENDPOINT, HUB_TIMEOUT, _ANSWERS)
     try:
-        return Path(snapshot_download(source, allow_patterns=["config.json", "*.safetensors"]))
-    except Exception as e:  # offline, unknown repository, gated
-        raise ConfigError(KEY, f"no local folder and the Hub gave no scorer ({type(e).__name__})", source) from None
+        return Path(huggingface_hub.snapshot_download(
+            source, allow_patterns=["config.json", "*.safetensors"], local_files_only=local_only))
+    except Exception as e:  # not cached offline, unknown repository, gated
+        where = "not in the local Hugging Face cache and the Hub cannot be reached" if local_only else \
+            f"the Hub gave no scorer ({type(e).__name__})"
+        raise ConfigError(KEY, f"no local folder; {where}", source) from None
 
 
 def load_scorer(source: str, model_config=None) -> KVzapScorer:

@@ -112,3 +112,25 @@ def test_on_the_fly_refuses_fused_projections():
 
     with pytest.raises(ConfigError, match="q_proj"):
         head_scores(build_tiny("t", arch="phi3", device="cpu").model, [[1, 2, 3]], q_len=8)
+
+
+def test_published_fetch_urls(monkeypatch):
+    """A known model id is fetched from the duo-attention repository at kvpress's URL; no answer: one line."""
+    import urllib.error
+
+    from kvbench.artifacts import duo_patterns as P
+
+    base = "https://raw.githubusercontent.com/mit-han-lab/duo-attention/refs/heads/main/attn_patterns/" \
+        "Meta-Llama-3.1-8B-Instruct/lr=0.02-reg=0.05-ctx=1000_128000-multi_passkey10/"
+    served = {base + "config.json": '{"sink_size": 64, "recent_size": 256}',
+              base + "full_attention_heads.tsv": "0.5\t1.5\n0.25\t-1\n"}
+    monkeypatch.setattr(P, "_get", lambda url, timeout: served[url])
+    p = published_pattern("meta-llama/Meta-Llama-3.1-8B-Instruct")
+    assert (p.sink_size, p.recent_size) == (64, 256) and p.scores.tolist() == [[0.5, 1.0], [0.25, 0.0]]
+
+    def down(url, timeout):
+        raise urllib.error.URLError("no route")
+
+    monkeypatch.setattr(P, "_get", down)
+    with pytest.raises(ConfigError, match="could not fetch"):
+        published_pattern("mistralai/Mistral-7B-Instruct-v0.3")

@@ -63,5 +63,22 @@ def test_bad_inputs_one_line(tmp_path, cfg):
     (tmp_path / "s" / "config.json").write_text(json.dumps({**c, "hidden_dim": 16}))
     with pytest.raises(ConfigError, match="weights do not match"):
         load_scorer(str(tmp_path / "s"), cfg)
-    with pytest.raises(ConfigError, match="Hub gave no scorer"):
+    with pytest.raises(ConfigError, match="cannot be reached"):  # HF_HUB_OFFLINE=1 in the suite
         load_scorer("nvidia/KVzap-mlp-nonexistent-offline", cfg)
+
+
+def test_hub_id_goes_to_snapshot_download(tmp_path, cfg, monkeypatch):
+    """A Hub id is fetched with huggingface_hub (config + safetensors only) and loaded from where it lands."""
+    import huggingface_hub
+
+    save_scorer(tiny_scorer(cfg, None), tmp_path / "snap")
+    calls = []
+
+    def fake(repo_id, allow_patterns, local_files_only):
+        calls.append((repo_id, allow_patterns, local_files_only))
+        return str(tmp_path / "snap")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
+    s = load_scorer(hub_id("linear", "meta-llama/Llama-3.1-8B-Instruct"), cfg)
+    assert calls == [("nvidia/KVzap-linear-Llama-3.1-8B-Instruct", ["config.json", "*.safetensors"], True)]
+    assert s.hidden_dim is None and len(s.layers) == cfg.num_hidden_layers
