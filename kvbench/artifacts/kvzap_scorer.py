@@ -42,6 +42,11 @@ class KVzapScorer(nn.Module):
         module = self.layers[layer].to(hidden.device, dtype=hidden.dtype)
         return module(hidden).transpose(1, 2)  # (B, T, H_kv) -> (B, H_kv, T)
 
+    def param_bytes(self, dtype: torch.dtype) -> int:
+        """Bytes of the weights held in `dtype` (to charge in the memory account): L (hidden*hd + hd*H_kv) plus
+        biases for the MLP; for an 8B model's MLP scorer (32 layers, 4096, 512, 8) about 134 MB in bfloat16."""
+        return sum(p.numel() for p in self.parameters()) * torch.empty((), dtype=dtype).element_size()
+
     def config(self) -> dict:
         """The `config.json` fields kvpress's `KVzapConfig` reads."""
         return {"model_type": "kvzap", "architectures": ["KVzapModel"], "input_dim": self.input_dim,

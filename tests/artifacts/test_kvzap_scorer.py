@@ -82,3 +82,11 @@ def test_hub_id_goes_to_snapshot_download(tmp_path, cfg, monkeypatch):
     s = load_scorer(hub_id("linear", "meta-llama/Llama-3.1-8B-Instruct"), cfg)
     assert calls == [("nvidia/KVzap-linear-Llama-3.1-8B-Instruct", ["config.json", "*.safetensors"], True)]
     assert s.hidden_dim is None and len(s.layers) == cfg.num_hidden_layers
+
+
+def test_param_bytes():
+    from kvbench.artifacts.kvzap_scorer import KVzapScorer
+
+    s = KVzapScorer(4096, 8, 32, 512)
+    assert s.param_bytes(torch.bfloat16) == 2 * 32 * (4096 * 512 + 512 + 512 * 8 + 8)
+    assert KVzapScorer(6, 2, 3).param_bytes(torch.float32) == 4 * 3 * (6 * 2 + 2)
