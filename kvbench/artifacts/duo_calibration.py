@@ -1,0 +1,86 @@
+"""DuoAttention head scores computed on the fly (kvpress 0.5.5 `duo_attention_on_the_fly`), on any local text.
+
+kvpress calibrates on 50 BookSum chapters; here the caller gives the token-id sequences (whole texts, tokenized
+with special tokens as kvpress's `tokenizer(text)` does). Per text and layer: the hidden states entering
+attention (`input_layernorm` of the layer's input); the mean over the text's positions of the pre-RoPE query
+(Hq, D) and key (H_kv, D) (q_norm / k_norm applied where the attention module has per-head norms, as kvpress
+does for Qwen3); the mean query placed at position q_len-1 and the mean key at 0..q_len-1 with the model's
+rotary embedding; weights = float32 softmax(q k^T / sqrt(D)); a query head's score is the mean over t of the
+cumulative sum of its weights (mass on early positions: high = retrieval); mean over the group, then over texts.
+Departures (kvpress covers Llama/Mistral/Qwen3 only): OLMo2's whole-projection q/k norms are applied and its
+un-normalised layer input used (it normalises after attention); fused-projection (Phi-3) and interleaved-RoPE
+(GLM-4) models are refused. The logits are not scaled by a family's own attention scale (Gemma's
+query_pre_attn_scalar, Granite's multiplier): kvpress's 1/sqrt(D), as it does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from kvbench.artifacts.duo_patterns import ON_THE_FLY_WINDOWS, HeadPattern
+from kvbench.errors import ConfigError
+from kvbench.models.family.table import INTERLEAVED_ROPE
+
+
+def _pre_rope(proj: torch.nn.Module, norm, h: torch.Tensor, d: int) -> torch.Tensor:
+    """h (1, T, hidden) -> (1, T, heads, D), with the module's query/key norm where it has one: per head
+    (Qwen3, Gemma3, Cohere: after the view, as kvpress does) or over the whole projection (OLMo2: before it;
+    kvpress applies no norm there, a departure towards the model's own pre-RoPE query)."""
+    x = proj(h)  # (1, T, heads * D)
+    if norm is not None and norm.weight.dim() == 1 and norm.weight.numel() == x.shape[-1] != d:
+        x = norm(x)
+        norm = None
+    x = x.view(1, h.shape[1], -1, d)
+    return norm(x) if norm is not None else x
+
+
+def _check(model) -> None:
+    """Models this rule cannot read the same way: fused q/k/v projections, interleaved (GPT-J) RoPE."""
+    attn = model.model.layers[0].self_attn
+    if not (hasattr(attn, "q_proj") and hasattr(attn, "k_proj")):
+        raise ConfigError("policy.calibration", "on-the-fly DuoAttention needs separate q_proj and k_proj "
+                          "(this model fuses them)", model.config.model_type)
+    if model.config.model_type in INTERLEAVED_ROPE:
+        raise ConfigError("policy.calibration", "on-the-fly DuoAttention uses rotate-half RoPE; this model "
+                          "rotates interleaved pairs", model.config.model_type)
+
+
+@torch.no_grad()
+def head_scores(model, sequences: list[list[int]], q_len: int = 500) -> np.ndarray:
+    """(L, H_kv) float32 scores averaged over `sequences` (each one text's ids, forwarded whole, batch 1)."""
+    if not sequences or any(len(s) == 0 for s in sequences):
+        raise ConfigError("policy.calibration", "needs at least one non-empty token sequence")
+    _check(model)
+    cfg = model.config
+    hq, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    group = hq // hkv
+    scores = torch.zeros(cfg.num_hidden_layers, hkv)  # (L, H_kv)
+    dev = next(model.parameters()).device
+    positions = torch.arange(q_len, device=dev).unsqueeze(0)  # (1, q_len)
+    for ids in sequences:
+        hidden = model(input_ids=torch.tensor([ids], device=dev), output_hidden_states=True).hidden_states[:-1]
+        for li, h in enumerate(hidden):  # h: (1, T, hidden), the layer's input
+            layer = model.model.layers[li]
+            attn = layer.self_attn
+            d = attn.head_dim
+            pre = getattr(layer, "input_layernorm", None)  # OLMo2 normalises after attention: h enters as is
+            h = pre(h) if pre is not None else h
+            q = _pre_rope(attn.q_proj, getattr(attn, "q_norm", None), h, d).mean(1, keepdim=True)  # (1, 1, Hq, D)
+            k = _pre_rope(attn.k_proj, getattr(attn, "k_norm", None), h, d).mean(1, keepdim=True)  # (1, 1, H, D)
+            q = q.repeat(1, q_len, 1, 1).transpose(1, 2)  # (1, Hq, q_len, D)
+            k = k.repeat(1, q_len, 1, 1).transpose(1, 2)  # (1, H_kv, q_len, D)
+            cos, sin = model.model.rotary_emb(h, positions)
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            k = k.repeat_interleave(group, dim=1)  # (1, Hq, q_len, D)
+            w = (q[:, :, -1:, :] @ k.transpose(2, 3) / d**0.5).softmax(dim=-1, dtype=torch.float32).squeeze()
+            s = torch.cumsum(w, dim=1).mean(1)  # (Hq,)
+            scores[li] += s.view(-1, group).mean(1).cpu() / len(sequences)
+    return scores.numpy()
+
+
+def calibrate(model, sequences: list[list[int]], q_len: int = 500) -> HeadPattern:
+    """On-the-fly scores with kvpress's windows for them (sink 128, recent 256)."""
+    sink, recent = ON_THE_FLY_WINDOWS
+    return HeadPattern(head_scores(model, sequences, q_len).astype(float), sink, recent)
