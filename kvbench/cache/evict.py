@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.budgets import rules
+from kvbench.budgets import head_rule, knobs
 from kvbench.cache import heads, rotate
 from kvbench.cache.layout import to_device
 from kvbench.policies.base import Policy, ScoreStats
@@ -126,7 +126,7 @@ def evict(g, rows: torch.Tensor, keep: torch.Tensor, policy: Policy, *, seen: to
         N, dev, every = int(n_rows.max()), g.device, bool(rows.all())
         h = to_device({  # every host index tensor of this eviction in one non-blocking copy (no device sync)
             "sel": None if every else rows.nonzero()[:, 0], "last": seen[rows] - 1, "n": n_rows, "keep": k_rows,
-            "layers": torch.tensor(g.layers, device="cpu"), "recent": rules.recent_pairs(policy, budget)[rows],
+            "layers": torch.tensor(g.layers, device="cpu"), "recent": knobs.recent_pairs(policy, budget)[rows],
             "qpos": qpos[rows] if policy.query_window else None,
             "shift": k_rows - n_rows if g.q is not None and inv_freq is not None else None}, dev)
         sel = slice(None) if every else h["sel"]
@@ -140,9 +140,10 @@ def evict(g, rows: torch.Tensor, keep: torch.Tensor, policy: Policy, *, seen: to
             query_pos=h["qpos"][None, :, None, :] if policy.query_window else None,
             scale=scale,
         )
+        uneven = head_rule(policy).needs_score
         ranked = rank(policy.score(stats), t["pos"], last, h["n"], policy.protect_first, h["recent"])
-        if policy.head_budget == "adaptive":  # AdaKV: each head its own count, the layer's total the budget's
-            c, host = heads.counts(ranked, h["keep"], policy.head_floor)
+        if uneven:  # a head rule that chooses the counts (AdaKV): each head its own, the layer's total the budget's
+            c, host = heads.counts(ranked, h["keep"], policy)
             kept = select(ranked, t["pos"], last, h["n"], c, 0, h["recent"], most=int(host.max()), ragged=True,
                           ranked=True)
         else:
@@ -152,7 +153,7 @@ def evict(g, rows: torch.Tensor, keep: torch.Tensor, policy: Policy, *, seen: to
         gather(g, sel, kept, t, N, gather_layers, inv_freq)
         if h["shift"] is not None:  # kept queries follow the newest pairs
             rotate.queries_follow(g, sel, h["shift"][None, :, None, None], inv_freq)
-        if policy.head_budget == "adaptive":
+        if uneven:
             g.n = heads.record(g, rows, sel, c, host, keep)
             return host
     g.n = torch.where(rows, keep, g.n)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.budgets import adakv
+from kvbench.budgets import head_rule
 from kvbench.cache import KVCache
 from kvbench.memory.shape import ModelShape
 
@@ -92,7 +92,7 @@ def evict_bytes(s: ModelShape, L: int, B: int, N: int, rows: int, keep: int, pol
     own = policy.score_bytes(layers=L, rows=rows, kv_heads=s.kv_heads, q_heads=s.q_heads, pairs=N,
                              head_dim=s.head_dim, elem=s.elem)  # freed before the sort and the gather start
     pairs = L * rows * s.kv_heads * N
-    heads = pairs * (8 + adakv.TRANSIENT_BYTES) if policy.head_budget == "adaptive" else 0  # AdaKV's counts
+    heads = pairs * head_rule(policy).transient  # the head rule's counts (AdaKV's), 0 under uniform budgets
     return pairs * copies + keys + max(pairs * EVICT_BYTES + gather, pairs * 4 + own, heads)
 
 

@@ -17,10 +17,9 @@ prefill and decode), `decode_only` (the whole prompt first, then the same while 
 its budget, and every generated token is kept; `evict_every` plays no part).
 
 Budgets (`kv_size`, `kv_ratio`, `compression_ratio`, `head_budget`, `head_floor`) are knobs here; their
-arithmetic (min_budget, what an eviction keeps, capacities, AdaKV's head counts) is kvbench.budgets'. A
-policy's own budget rule is a method here: `layer_budgets` (PyramidKV gives layers different budgets).
-The budget methods a policy had before (`budgets`, `capacities`, `keep`, ...) are delegations in
-kvbench.policies.legacy, for callers not yet moved.
+arithmetic (min_budget, what an eviction keeps, capacities) and the budget rules (how a layer's pairs spread over
+its KV heads: `head_budget` names a head rule, AdaKV's `adaptive` among them; how a sample's budget spreads over
+its layers: `layer_budget`, a class's choice, PyramidKV's `pyramid`) are kvbench.budgets'.
 
 Departures from the published method (`describe()["extensions"]`, in every record) are derived from
 what a policy declares: `published_schedule` (decode_only, prefill_and_decode, or after_prefill: a
@@ -35,12 +34,10 @@ from typing import ClassVar
 
 import torch
 
-from kvbench.budgets import rules
-from kvbench.budgets.rules import AFTER_PREFILL, SCHEDULES
-from kvbench.budgets.rules import is_int as _is_int
-from kvbench.policies.legacy import LegacyBudgetCalls
+from kvbench import budgets
+from kvbench.budgets import AFTER_PREFILL, SCHEDULES
 
-__all__ = ["AFTER_PREFILL", "SCHEDULES", "Policy", "ScoreStats", "_is_int"]
+__all__ = ["AFTER_PREFILL", "SCHEDULES", "Policy", "ScoreStats"]
 
 
 @dataclass
@@ -76,7 +73,7 @@ class ScoreStats:
 
 
 @dataclass
-class Policy(LegacyBudgetCalls):
+class Policy:
     """Base of every policy. `kv_size=None` (and no `kv_ratio`) means no eviction (the full cache)."""
 
     kv_size: int | None = None
@@ -105,6 +102,7 @@ class Policy(LegacyBudgetCalls):
     # keys of the policy's config that play no part in what it runs (full: every budget and schedule key): in a
     # sweep they are reset to the policy's own defaults and named in the record's `ignored_keys` (kvbench.config)
     inert_keys: ClassVar[tuple[str, ...]] = ()
+    layer_budget: ClassVar[str] = "uniform"  # the layer rule (kvbench.budgets.rule): "pyramid" for PyramidKV
 
     @property
     def query_window(self) -> int:
@@ -115,8 +113,8 @@ class Policy(LegacyBudgetCalls):
         self.validate()
 
     def validate(self) -> None:
-        """Check (and normalise) the knobs: ConfigError naming the key (kvbench.budgets.rules.validate)."""
-        rules.validate(self)
+        """Check (and normalise) the knobs: ConfigError naming the key (kvbench.budgets.validate)."""
+        budgets.validate(self)
 
     # ----------------------------------------------------------------- phase flags
     @property
@@ -141,11 +139,6 @@ class Policy(LegacyBudgetCalls):
         """Which per-prompt budget is set: "kv_ratio", "compression_ratio", or None (kv_size, or no budget)."""
         return "kv_ratio" if self.kv_ratio is not None else "compression_ratio" if (
             self.compression_ratio is not None) else None
-
-    def layer_budgets(self, per_sample: torch.Tensor, layers: int, lengths: list[int] | None = None) -> torch.Tensor:
-        """The policy's layer rule (kvbench.budgets): (L, B) budget of each layer of each sample from the samples'
-        budgets (B,) (and their prompts' lengths); here the same in every layer (PyramidKV overrides it)."""
-        return per_sample[None, :].expand(layers, -1).clone()
 
     # ----------------------------------------------------------------- scoring
     def score(self, stats: ScoreStats) -> torch.Tensor:
@@ -197,11 +190,13 @@ class Policy(LegacyBudgetCalls):
             ext.append("rerotate: kept keys re-rotated to contiguous positions, new tokens continue from the kept count")
         if self.kv_ratio is not None:
             ext.append(f"kv_ratio={self.kv_ratio:g}: each sample's budget is that share of its prompt, at least "
-                       f"{rules.min_budget(self)} pairs" + ("" if self.once else ", and stays that size while decoding"))
+                       f"{budgets.min_budget(self)} pairs" + ("" if self.once else ", and stays that size while decoding"))
         if self.compression_ratio is not None:
             ext.append(f"compression_ratio={self.compression_ratio:g}: each sample keeps int(its prompt x "
-                       f"{1 - self.compression_ratio:g}) pairs (kvpress's count), at least {rules.min_budget(self)}")
-        if self.head_budget == "adaptive" and self.evicts:
-            ext += rules.head_extensions(self)
+                       f"{1 - self.compression_ratio:g}) pairs (kvpress's count), at least {budgets.min_budget(self)}")
+        if self.evicts:
+            ext += budgets.head_rule(self).extensions(self) + budgets.layer_rule(self).extensions(self)
+            if (line := budgets.layer_rule(self).describe(self)) is not None:
+                d["budgets"] = line
         d["extensions"] = ext
         return d

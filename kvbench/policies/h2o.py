@@ -9,7 +9,8 @@ from typing import ClassVar
 
 import torch
 
-from kvbench.policies.base import Policy, ScoreStats, _is_int
+from kvbench.budgets import is_int
+from kvbench.policies.base import Policy, ScoreStats
 
 
 @dataclass
@@ -28,7 +29,7 @@ class H2O(Policy):
     needs_attention: ClassVar[bool] = True
 
     def validate(self) -> None:
-        if self.protect_recent is None and self.per_prompt is None and _is_int(self.kv_size):
+        if self.protect_recent is None and self.per_prompt is None and is_int(self.kv_size):
             self.protect_recent = self.kv_size // 2
         if self.protect_recent is None:  # a per-prompt budget: half of each sample's own (recent_pairs)
             self.protect_recent = 0  # validated as "nothing fixed" (the YAML's kv_size plays no part)

@@ -32,8 +32,9 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
+from kvbench.budgets import is_int
 from kvbench.errors import ConfigError
-from kvbench.policies.base import AFTER_PREFILL, Policy, ScoreStats, _is_int
+from kvbench.policies.base import AFTER_PREFILL, Policy, ScoreStats
 
 POOLINGS = ("max", "avg")
 LAYER_CHUNK = 4
@@ -61,9 +62,9 @@ class SnapKV(Policy):
         return self.window
 
     def validate(self) -> None:
-        if not _is_int(self.window) or self.window <= 0:
+        if not is_int(self.window) or self.window <= 0:
             raise ConfigError("policy.window", "must be a positive integer", self.window)
-        if not _is_int(self.kernel) or self.kernel <= 0 or self.kernel % 2 == 0:
+        if not is_int(self.kernel) or self.kernel <= 0 or self.kernel % 2 == 0:
             raise ConfigError("policy.kernel", "must be a positive odd integer", self.kernel)
         if self.pooling not in POOLINGS:
             raise ConfigError("policy.pooling", f"must be one of {', '.join(POOLINGS)}", self.pooling)

@@ -13,11 +13,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["model=tiny-llama", "task.n_samples=1", "gen.max_new_tokens=2"]
