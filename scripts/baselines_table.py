@@ -101,7 +101,7 @@ def plot(task: str, rows: list[dict], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, axes = plt.subplots(2, 1, figsize=(7.5, 9.5), sharex=True)  # one column: legible at a page's width
     series: dict[str, list[dict]] = {}
     for x in rows:
         if x["kv"] is not None and not x["rerotate"] and x["policy"] != "extreme_decode":
@@ -122,11 +122,12 @@ def plot(task: str, rows: list[dict], out: Path) -> None:
     if full:
         axes[0].axhline(full["metric"], color="black", lw=1, label="full cache")
         axes[1].axhline(1.0, color="black", lw=1)
-    axes[0].set(xlabel="kv size (pairs per layer)", ylabel=METRIC[task], title=f"{task}: {METRIC[task]} vs kv size")
-    axes[1].set(xlabel="kv size (pairs per layer)", ylabel="share of tokens equal to FKV's before the first divergence",
+    axes[0].set(ylabel=METRIC[task], title=f"{task}: {METRIC[task]} vs kv size")
+    axes[1].set(xlabel="kv size (pairs per layer)", ylabel="tokens equal to FKV's\nbefore the first divergence (share)",
                 title=f"{task}: agreement with the full cache")
-    axes[1].legend(fontsize=7, ncol=2, loc="lower right")
-    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()  # one legend for both panels, below them
+    fig.legend(handles, labels, fontsize=8, ncol=3, loc="lower center", frameon=False)
+    fig.tight_layout(rect=(0, 0.035 + 0.021 * ((len(labels) + 2) // 3), 1, 1))
     out.mkdir(parents=True, exist_ok=True)
     fig.savefig(out / f"{task}.png", dpi=110)
     plt.close(fig)

@@ -23,6 +23,7 @@ from kvbench.report.select import latest  # noqa: E402
 from kvbench.results import read_records  # noqa: E402
 from kvbench.stats import paired_diff  # noqa: E402
 
+DEFAULT_HAYSTACK = "RULER's"  # the task's own (task.haystack null)
 SCHEDULES = {"prefill_and_decode": "P&D", "decode_only": "D", "after_prefill": "AP"}
 ORDER = ["full", "window", "streaming_llm", "h2o", "tova", "snapkv", "batch_max"]
 
@@ -50,8 +51,8 @@ def table(results_dir: Path) -> tuple[str, int]:
         return (*length[id(r)], not r.get("query_aware", True), ORDER.index(r["policy"]) if r["policy"] in ORDER
                 else 99, r["policy"], r.get("schedule") or "", r.get("compression_ratio") or 0)
 
-    lines = ["| task | context | haystack | new tokens | question | method | schedule | ratio | RULER score [95% CI] "
-             "| vs full cache [95% CI] | tok/s | b |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| task, context | haystack, new tokens | method | setting | RULER score [95% CI] "
+             "| vs full cache [95% CI] | tok/s | b |", "|---|---|---|---|---|---|---|---|"]
     for r in sorted(recs, key=key):
         n = length[id(r)]
         m = r["metrics"]
@@ -59,11 +60,12 @@ def table(results_dir: Path) -> tuple[str, int]:
         if r["policy"] != "full" and n in full:
             d = paired_diff(scores(r, results_dir), scores(full[n], results_dir))
             diff = with_ci(d["mean"], d["ci"], sign="+") if d else "-"
+        setting = [] if r["policy"] == "full" else [SCHEDULES.get(r.get("schedule"), "-")]
+        setting += [f"{r['compression_ratio']:g}"] if r.get("compression_ratio") is not None else []
+        setting += [] if r.get("query_aware", True) else ["query-agnostic"]
         lines.append("| " + " | ".join([
-            f"`{n[0]}`", str(n[1]), r["config"]["task"].get("haystack") or "RULER's", str(r["max_new_tokens"]),
-            "aware" if r.get("query_aware", True) else "agnostic", METHODS.get(r["policy"], r["policy"]),
-            SCHEDULES.get(r.get("schedule"), "-") if r["policy"] != "full" else "-",
-            f"{r['compression_ratio']:g}" if r.get("compression_ratio") is not None else "-",
+            f"`{n[0]}` {n[1]}", f"{r['config']['task'].get('haystack') or DEFAULT_HAYSTACK}, {r['max_new_tokens']}",
+            METHODS.get(r["policy"], r["policy"]), " ".join(setting) or "-",
             with_ci(m["string_match_all"], m.get("string_match_all_ci")), diff,
             f"{r['throughput_tok_s']:.2f}", str(r["batch_size"])]) + " |")
     return "\n".join(lines) + "\n", len(recs)

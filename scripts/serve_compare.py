@@ -57,21 +57,23 @@ def fmt(x, nd=2):
 
 
 def table(recs) -> str:
-    head = ("| policy | kv | completed | req/s | out tok/s | TTFT p50 / p90 / p99 (s) | TPOT p50 / p90 / p99 (s) | "
-            "steps | preempt | recomputed tok | evicted blocks | running mean / max | pool used mean / max | peak KV (MiB) | "
-            "ROUGE-2 | wall (s) |")
-    rows = [head, "|" + "---|" * (head.count("|") - 1)]
-    for r in recs:
+    """One column per policy, one row per measure (a row per policy had 16 columns, wider than a page)."""
+    def cells(r) -> list[str]:
         s = r["serve"]
         t, p = s["ttft_s"], s["tpot_s"]
-        rows.append(
-            f"| {r['policy']} | {r['kv_size'] or 'all'} | {s['completed']} | {fmt(s['requests_per_s'], 3)} | "
-            f"{fmt(s['output_tok_s'])} | {fmt(t['p50'], 1)} / {fmt(t['p90'], 1)} / {fmt(t['p99'], 1)} | "
-            f"{fmt(p['p50'])} / {fmt(p['p90'])} / {fmt(p['p99'])} | {s['steps']} | {s['preemptions']} | {s['recomputed_tokens']} | "
-            f"{s['evicted_blocks']} | {fmt(s['running_mean'], 1)} / {s['running_max']} | "
-            f"{100 * s['pool_util_mean']:.0f}% / {100 * s['pool_util_max']:.0f}% | {r['peak_kv_bytes'] / 2**20:.1f} | "
-            f"{fmt(r['metrics'].get('rouge2'), 4)} | {fmt(r['wall_s'], 0)} |"
-        )
+        return [str(r["kv_size"] or "all"), str(s["completed"]), fmt(s["requests_per_s"], 3), fmt(s["output_tok_s"]),
+                f"{fmt(t['p50'], 1)} / {fmt(t['p90'], 1)} / {fmt(t['p99'], 1)}",
+                f"{fmt(p['p50'])} / {fmt(p['p90'])} / {fmt(p['p99'])}", str(s["steps"]), str(s["preemptions"]),
+                str(s["recomputed_tokens"]), str(s["evicted_blocks"]), f"{fmt(s['running_mean'], 1)} / {s['running_max']}",
+                f"{100 * s['pool_util_mean']:.0f}% / {100 * s['pool_util_max']:.0f}%", f"{r['peak_kv_bytes'] / 2**20:.1f}",
+                fmt(r["metrics"].get("rouge2"), 4), fmt(r["wall_s"], 0)]
+
+    measures = ["kv", "completed", "req/s", "out tok/s", "TTFT p50 / p90 / p99 (s)", "TPOT p50 / p90 / p99 (s)", "steps",
+                "preemptions", "recomputed tokens", "evicted blocks", "running mean / max", "pool used mean / max",
+                "peak KV (MiB)", "ROUGE-2", "wall (s)"]
+    columns = [cells(r) for r in recs]
+    rows = ["| policy | " + " | ".join(r["policy"] for r in recs) + " |", "|---|" + "---:|" * len(recs)]
+    rows += [f"| {m} | " + " | ".join(c[i] for c in columns) + " |" for i, m in enumerate(measures)]
     return "\n".join(rows)
 
 
@@ -83,7 +85,8 @@ def plots(recs, out: Path) -> None:
 
     names = [r["policy"] for r in recs]
     S = [r["serve"] for r in recs]
-    fig, ax = plt.subplots(1, 4, figsize=(13, 3.2))
+    fig, ax = plt.subplots(2, 2, figsize=(8, 5.6))  # 2 x 2: legible at a page's width
+    ax = ax.ravel()
     ax[0].bar(names, [s["output_tok_s"] for s in S])
     ax[0].set_title("output tokens/s")
     ax[1].bar(names, [s["preemptions"] for s in S])

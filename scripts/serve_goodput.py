@@ -101,7 +101,9 @@ def plot(rows, path: Path, args) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b, c) = plt.subplots(1, 3, figsize=(13, 3.8))
+    fig = plt.figure(figsize=(8, 6.6))  # goodput across the top, its causes below: legible at a page's width
+    grid = fig.add_gridspec(2, 2)
+    a, b, c = fig.add_subplot(grid[0, :]), fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1])
     for policy in dict.fromkeys(r["policy"] for r in rows):
         pts = [r for r in rows if r["policy"] == policy]
         x = [r["rate"] for r in pts]
@@ -110,12 +112,12 @@ def plot(rows, path: Path, args) -> None:
         c.plot(x, [r["preemptions"] for r in pts], marker="o", label=policy)
     a.plot(x, x, color="grey", ls=":", lw=1, label="every request")
     a.set(xlabel="arrival rate (requests/s)", ylabel="goodput (requests/s)",
-          title=f"TTFT <= {args.slo_ttft:g} s, TPOT <= {args.slo_tpot:g} s")
+          title=f"goodput: requests/s meeting TTFT <= {args.slo_ttft:g} s and TPOT <= {args.slo_tpot:g} s")
     b.set(xlabel="arrival rate (requests/s)", ylabel="peak KV (MiB)", title="peak KV held")
     c.set(xlabel="arrival rate (requests/s)", ylabel="preemptions", title="preemptions")
     for ax in (a, b, c):
         ax.set_xscale("log", base=2)
-        ax.legend(fontsize=7)
+    a.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

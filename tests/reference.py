@@ -127,6 +127,7 @@ class ReferenceModel:
         self.D = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.Hq
         self.eps = cfg.rms_norm_eps
         self.scale = self.D**-0.5
+        self.hidden = None  # hidden[layer] = [(position, h (hidden,))] when set to a list per layer
         assert cfg.hidden_act == "silu", cfg.hidden_act
         rope = dict(getattr(cfg, "rope_parameters", None) or {})
         assert rope.get("rope_type", "default") == "default", rope
@@ -181,6 +182,8 @@ class ReferenceModel:
         x = self.embed[token]  # (hidden,)
         for li, (lw, heads) in enumerate(zip(self.layers, cache, strict=True)):
             h = _rms_norm(x, lw["ln1"], self.eps)
+            if self.hidden is not None:  # the hidden state entering the layer's attention (after its norm)
+                self.hidden[li].append((pos, h.clone()))
             q = F.linear(h, lw["wq"], lw["bq"]).view(self.Hq, self.D)  # (Hq, D)
             k = F.linear(h, lw["wk"], lw["bk"]).view(self.Hkv, self.D)  # (Hkv, D)
             v = F.linear(h, lw["wv"], lw["bv"]).view(self.Hkv, self.D)

@@ -148,7 +148,7 @@ def _spec(cfg):
     args = {k: v for k, v in cfg.items() if k != "_target_"}
     if loader is load_hub and cfg.pretrained not in SHIPPED_CONFIGS:
         return None, "the Hub's, at run time"
-    where = {load_hub: "shipped (`kvbench/models/configs/`)", load_gguf_package: f"in the `{cfg.get('package')}` "
+    where = {load_hub: "shipped", load_gguf_package: f"in the `{cfg.get('package')}` "
              "package's GGUF", build_tiny: "built in code"}.get(loader, "-")
     spec = SPECS[loader]
     try:
@@ -183,12 +183,7 @@ def model_rows() -> list[dict]:
 
 
 def models() -> str:
-    seen: dict[str, str] = {}
-    out = []
-    for r in model_rows():
-        same = seen.setdefault(r["checkpoint"], r["name"]) if r["checkpoint"] else r["name"]
-        note = f" (the checkpoint of `{same}`)" if same != r["name"] else ""
-        out.append([f"`{r['name']}`", r["weights"] + note, f"`{r['family']}`", r["attention"], r["config"]])
+    out = [[f"`{r['name']}`", r["weights"], f"`{r['family']}`", r["attention"], r["config"]] for r in model_rows()]
     return _table(["`model=`", "weights", "family", "attention", "config (no weights)"], out)
 
 

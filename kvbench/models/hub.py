@@ -117,7 +117,7 @@ def max_memory_of(max_memory: dict | None) -> dict | None:
 
 
 def hub_config(pretrained: str, revision: str | None = None, trust_remote_code: bool = False):
-    """The model's config: the shipped copy for the paper's models (offline), else the Hub's."""
+    """The model's config: the shipped copy for the models in SHIPPED_CONFIGS (offline), else the Hub's."""
     from transformers import AutoConfig
 
     if pretrained in SHIPPED_CONFIGS and revision is None:

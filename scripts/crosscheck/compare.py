@@ -4,9 +4,11 @@ Per press, kvbench counterpart and compression ratio: the rows (prompts) whose 6
 identical, the mean share of tokens equal up to the first divergence, the kept prompt positions of every
 (layer, KV head) (identical sets, and their Jaccard: mean and least), and ROUGE-2 of each side's summary
 against the CNN/DM references (kvbench's scorer). Writes results/crosscheck/table.md, summary.json and
-tokens.json.gz (each side's generated tokens, per press and prompt).
+tokens.json.gz (each side's generated tokens, per press and prompt). The table's last column names the notes
+listed under it (why rows differ), so its rows stay one line high.
 
     python scripts/crosscheck/compare.py WORK_DIR OUT_DIR
+    python scripts/crosscheck/compare.py --render OUT_DIR   # table.md again from summary.json and tokens.json.gz
 """
 
 from __future__ import annotations
@@ -102,45 +104,72 @@ def main() -> None:
     rows.sort(key=lambda r: (r["press"] != "none", r["press"], r["ratio"], r["kvbench"]))  # the control first
     out.mkdir(parents=True, exist_ok=True)
     lengths = [len(x) for x in spec["ids"]]
+    versions = {"kvpress_side": versions, "kvbench_side": {"transformers": transformers.__version__,
+                                                           "torch": torch.__version__}}
+    summary = {"versions": versions, "prompt_tokens": lengths, "rows": rows}
+    text = render(summary, spec["new_tokens"])
+    (out / "table.md").write_text(text)
+    with gzip.GzipFile(out / "tokens.json.gz", "wb", mtime=0) as f:  # both sides' generated tokens (reproducible)
+        f.write(json.dumps(tokens).encode())
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(text)
+
+
+def notes_of(r: dict) -> list[str]:
+    """Why a press's rows differ: its rule's difference on purpose, then the diverging rows by reason."""
+    by_why: dict[str, list] = {}
+    for i, why in r["diverged_rows"].items():
+        by_why.setdefault(why, []).append(i)
+    if r["why"]:  # a different rule on purpose: its rows need no other reason
+        by_why.pop("rule", None)
+    rows = [f"{'rows' if len(ids) > 1 else 'row'} {', '.join(map(str, ids))}: {WHY[why]}" for why, ids in by_why.items()]
+    return [r["why"]] * bool(r["why"]) + rows
+
+
+def render(summary: dict, new_tokens: int) -> str:
+    """table.md: the setting, one row per press, kvbench counterpart and ratio, then the notes the rows name."""
+    lengths, kp, kb = summary["prompt_tokens"], summary["versions"]["kvpress_side"], summary["versions"]["kvbench_side"]
     head = [
         "# kvbench against kvpress, token for token",
         "",
         f"SmolLM2-135M-Instruct (Q4_1 GGUF dequantised to float32), the first {len(lengths)} CNN/DM test articles "
         f"0-shot ({min(lengths)}-{max(lengths)} prompt tokens, the same token ids on both sides), batch 1, "
-        f"{spec['new_tokens']} new tokens with EOS ignored, the prompt compressed once after prefill "
+        f"{new_tokens} new tokens with EOS ignored, the prompt compressed once after prefill "
         "(kvbench: `policy.schedule=after_prefill policy.compression_ratio=r`). kvpress "
-        f"{versions['kvpress']}, transformers {versions['transformers']} (its venv), torch {versions['torch']}; "
-        f"kvbench with transformers {transformers.__version__}, torch {torch.__version__}. "
-        "Made by `make crosscheck`.",
+        f"{kp['kvpress']}, transformers {kp['transformers']} (its venv), torch {kp['torch']}; "
+        f"kvbench with transformers {kb['transformers']}, torch {kb['torch']}. Made by `make crosscheck`.",
         "",
         "| kvpress press | kvbench | ratio | rows with identical tokens | mean common prefix | (layer, head) kept "
-        "sets identical | kept-set Jaccard mean / least | ROUGE-2 kvbench / kvpress | note |",
+        "sets identical | kept-set Jaccard mean / least | ROUGE-2 kvbench / kvpress | notes |",
         "|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for r in rows:
-        by_why: dict[str, list[int]] = {}
-        for i, why in r["diverged_rows"].items():
-            by_why.setdefault(why, []).append(i)
-        if r["why"]:  # a different rule on purpose: its rows need no other reason
-            by_why.pop("rule", None)
-        diverge = "; ".join(f"{'rows' if len(rows_) > 1 else 'row'} {', '.join(map(str, rows_))}: {WHY[why]}"
-                            for why, rows_ in by_why.items())
-        note = "; ".join(x for x in (r["why"], diverge) if x)
+    notes: list[str] = []  # each note once, numbered in the order the rows first name it
+    for r in summary["rows"]:
+        refs = []
+        for n in notes_of(r):
+            notes += [n] * (n not in notes)
+            refs.append(str(notes.index(n) + 1))
         extra = r["rows_identical_or_ties"] - r["identical_rows"]
         ties = f" (+{extra} at ties)" if extra else ""
         ratio = "-" if r["press"] == "none" else f"{r['ratio']:g}"
         head.append(f"| {r['press']} | {r['kvbench']} | {ratio} | {r['identical_rows']}/{r['rows']}{ties} | "
                     f"{r['mean_common_prefix']:.3f} | {r['identical_sets']}/{r['sets']} | {r['jaccard_mean']:.4f} / "
-                    f"{r['jaccard_min']:.4f} | {r['rouge2_kvbench']:.4f} / {r['rouge2_kvpress']:.4f} | {note} |")
-    (out / "table.md").write_text("\n".join(head) + "\n")
-    with gzip.GzipFile(out / "tokens.json.gz", "wb", mtime=0) as f:  # both sides' generated tokens (reproducible)
-        f.write(json.dumps(tokens).encode())
-    versions = {"kvpress_side": versions, "kvbench_side": {"transformers": transformers.__version__,
-                                                           "torch": torch.__version__}}
-    (out / "summary.json").write_text(json.dumps({"versions": versions, "prompt_tokens": lengths, "rows": rows},
-                                                 indent=1) + "\n")
-    print("\n".join(head))
+                    f"{r['jaccard_min']:.4f} | {r['rouge2_kvbench']:.4f} / {r['rouge2_kvpress']:.4f} | "
+                    f"{', '.join(refs)} |")
+    return "\n".join([*head, "", "Notes:", "", *(f"{i}. {n}" for i, n in enumerate(notes, 1))]) + "\n"
+
+
+def rerender(out: Path) -> None:
+    """table.md again from the committed summary.json and tokens.json.gz (no kvpress, no model)."""
+    summary = json.loads((out / "summary.json").read_text())
+    with gzip.open(out / "tokens.json.gz", "rt") as f:
+        new_tokens = {len(t) for side in json.load(f).values() for rows in side.values() for t in rows}
+    assert len(new_tokens) == 1, new_tokens
+    (out / "table.md").write_text(render(summary, new_tokens.pop()))
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--render"]:
+        rerender(Path(sys.argv[2]))
+    else:
+        main()

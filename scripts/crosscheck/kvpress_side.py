@@ -9,7 +9,9 @@ press's own scores: the same `topk` of the same scores its `compress` takes, and
 boundary falls among equal scores (`tied`: then which pairs topk keeps is unspecified, so a kept set that
 differs there is no difference of rule), and the relative gap between the last kept and the first dropped
 score (`gap`: two pairs that close can swap under float32 rounding of another summation order). Writes one
-JSON per press.
+JSON per press. The presses of cases.py (scored from values, hidden states, a second pass over the context,
+calibrated head patterns) run through kvpress_methods.py, at cases.RATIOS, when CROSSCHECK_PRESSES names them
+(kvbench's side has no counterpart for them yet, so a plain `make crosscheck` leaves them out).
 
     .venv-kvpress/bin/python scripts/crosscheck/kvpress_side.py MODEL_DIR WORK_DIR
 """
@@ -67,6 +69,10 @@ def main() -> None:
     import transformers
     from kvpress.utils import compute_n_kept
     from transformers import AutoModelForCausalLM, DynamicCache
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local: the converted model, its tokenizer
+    import cases
+    import kvpress_methods
 
     model_dir, work = Path(sys.argv[1]), Path(sys.argv[2])
     spec = json.loads((work / "ids.json").read_text())
@@ -152,6 +158,16 @@ def main() -> None:
                 path.write_text(json.dumps({"press": name, "ratio": ratio, "rows": rows,
                                             "seconds": round(time.perf_counter() - t0, 1)}))
                 print(f"kvpress {name} {ratio}: {time.perf_counter() - t0:.0f} s", flush=True)
+        if not eager:  # the presses of cases.py run with SDPA (those that mask keys refuse eager)
+            jobs = [(n, v) for n in cases.PRESSES if n in ONLY
+                    for v in cases.settings(n) if (not ONLY_RATIOS or v in ONLY_RATIOS)
+                    and not (out_dir / f"{n}-{v}.json").exists()]
+            jobs.sort(key=lambda j: cases.settings(j[0]).index(j[1]) != 1)  # every press's middle setting first
+            state = kvpress_methods.setup(kvpress, model, work, sorted({n for n, _ in jobs}))
+            for name, value in jobs:
+                rec = kvpress_methods.run(kvpress, model, spec, name, value, state)
+                (out_dir / f"{name}-{value}.json").write_text(json.dumps(rec))
+                print(f"kvpress {name} {value}: {rec['seconds']:.0f} s", flush=True)
 
 
 if __name__ == "__main__":
