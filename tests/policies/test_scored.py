@@ -296,7 +296,7 @@ def test_evict_with_exact_ties_matches_reference(policy):
         cache.write(layer, k, k.clone())
         w_sum = torch.randint(0, 4, (B, H, T), generator=g).double() / 4  # (B, H_kv, N)
         w_last = torch.randint(0, 3, (B, H, T), generator=g).double() / 4
-        cache.accumulate(layer, w_sum, w_last)
+        cache.sink(layer).accumulate(w_sum, w_last)
         stats.append((w_sum, w_last))
     cache.evict(torch.ones(B, dtype=torch.bool), keep, policy)
     spec = spec_of(policy)
@@ -317,6 +317,6 @@ def test_evict_with_exact_ties_matches_reference(policy):
                  layer_devices=["cpu"], track_attention=True)
     c2.begin_forward(torch.tensor([T]), T)
     c2.write(0, torch.zeros(1, 1, T, D, dtype=torch.float64), torch.zeros(1, 1, T, D, dtype=torch.float64))
-    c2.accumulate(0, torch.full((1, 1, T), 0.5), torch.full((1, 1, T), 0.5))
+    c2.sink(0).accumulate(torch.full((1, 1, T), 0.5), torch.full((1, 1, T), 0.5))
     c2.evict(torch.ones(1, dtype=torch.bool), keep, flat)
     assert c2.kept_positions(0, 0).tolist() == [list(range(T - keep, T))]
