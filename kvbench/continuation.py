@@ -94,7 +94,7 @@ def continuation_logprobs(model, ids: Sequence[Sequence[int]], n_cont: Sequence[
         raise ValueError("a request needs at least one context and one continuation token")
     geometry = model_geometry(model)
     pad = pad_id(model, tokenizer) if tokenizer is not None else 0
-    backend = resolve_backend(attention, model, policy.needs_attention, head_rule(policy).uneven)
+    backend = resolve_backend(attention, model, policy.needs.attention, head_rule(policy).uneven)
     out: list[tuple[float, bool]] = []
     with kv_attention(model):
         for s in range(0, len(ids), batch_size):

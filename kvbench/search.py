@@ -101,7 +101,7 @@ def probe(cfg, lm, policy, ids: list[list[int]], batch_size: int, memory_limit: 
     acc = memory.account(
         lm.model, [len(x) for x in prompts], policy, max_new_tokens=cfg.gen.max_new_tokens,
         prefill_chunk=cfg.gen.prefill_chunk, score_chunk=cfg.gen.score_chunk,
-        attention=resolve_backend(cfg.gen.attention, lm.model, policy.needs_attention, head_rule(policy).uneven,
+        attention=resolve_backend(cfg.gen.attention, lm.model, policy.needs.attention, head_rule(policy).uneven,
                                   lm.kinds),
     )
     devices = memory.cuda_devices(lm.model)

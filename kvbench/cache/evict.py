@@ -19,7 +19,7 @@ import torch
 from kvbench.budgets import head_rule, knobs
 from kvbench.cache import heads, rotate
 from kvbench.cache.layout import to_device
-from kvbench.policies.base import Policy, ScoreStats
+from kvbench.policies.base import Policy, ScoreContext
 
 INF = float("inf")
 
@@ -127,17 +127,18 @@ def evict(g, rows: torch.Tensor, keep: torch.Tensor, policy: Policy, *, seen: to
         h = to_device({  # every host index tensor of this eviction in one non-blocking copy (no device sync)
             "sel": None if every else rows.nonzero()[:, 0], "last": seen[rows] - 1, "n": n_rows, "keep": k_rows,
             "layers": torch.tensor(g.layers, device="cpu"), "recent": knobs.recent_pairs(policy, budget)[rows],
-            "qpos": qpos[rows] if policy.query_window else None,
+            "qpos": qpos[rows] if policy.needs.queries else None,
             "shift": k_rows - n_rows if g.q is not None and inv_freq is not None else None}, dev)
         sel = slice(None) if every else h["sel"]
         last = h["last"][None, :, None, None]
         t = {name: x[:, sel, :, :N] for name, x in g.tensors().items() if x.dim() == 4}  # (L, B', H, N) each
-        stats = ScoreStats(
+        stats = ScoreContext(
             pos=t["pos"], last=last, sum_w=t.get("sum_w"), last_w=t.get("last_w"),
             n=h["n"][None, :, None, None], layers=h["layers"][:, None, None, None],
-            keys=g.k[:, sel, :, :N] if policy.needs_keys else None,
-            queries=g.q[:, sel] if policy.query_window else None,
-            query_pos=h["qpos"][None, :, None, :] if policy.query_window else None,
+            keys=g.k[:, sel, :, :N] if policy.needs.keys else None,
+            values=g.v[:, sel, :, :N] if policy.needs.values else None,
+            queries=g.q[:, sel] if policy.needs.queries else None,
+            query_pos=h["qpos"][None, :, None, :] if policy.needs.queries else None,
             scale=scale,
         )
         uneven = head_rule(policy).needs_score

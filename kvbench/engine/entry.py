@@ -66,7 +66,7 @@ def generate(
     pad = pad_id(model, tokenizer)
     geometry = model_geometry(model, kinds)
     shape = memory.ModelShape.of(model, kinds)
-    backend = resolve_backend(attention, model, policy.needs_attention, head_rule(policy).uneven, kinds)
+    backend = resolve_backend(attention, model, policy.needs.attention, head_rule(policy).uneven, kinds)
     out = GenerationOutput(token_ids=[], prompt_tokens=[len(x) for x in ids], attention=backend)
     qs = list(question_tokens) if question_tokens is not None else [0] * len(ids)
     batches = [(ids[s : s + batch_size], qs[s : s + batch_size]) for s in range(0, len(ids), batch_size)]
@@ -100,7 +100,7 @@ def generate(
                                     leave=False):
             out.add(*run(batch, question))
     out.wall_s = time.perf_counter() - t0
-    if policy.needs_attention and backend in ("eager", "fused"):
+    if policy.needs.attention and backend in ("eager", "fused"):
         out.attn_stats_s = None
     return out
 

@@ -175,7 +175,7 @@ def account(
     groups = form_groups(layer_devices, caps, budgets, windows)
     if budgets is None:  # the full cache: one row of "never" budgets
         groups = [(d, ls, c, torch.full((B,), c, dtype=torch.long, device="cpu"), w) for d, ls, c, _, w in groups]
-    scored = policy.needs_attention
+    scored = policy.needs.attention
     forwards, evictions = replay(lengths, policy, max_new_tokens, prefill_chunk, groups, full_budgets, s.kv_heads)
     devices = {}
     for dev in s.layers:

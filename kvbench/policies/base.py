@@ -4,10 +4,8 @@ A policy is a small dataclass whose fields are its hyper-parameters and which on
 pairs (higher = keep). Everything mechanical (when to evict, top-k, gathering kept pairs back in
 position order, protected pairs) lives once in `kvbench.cache.KVCache.evict` and `kvbench.engine`.
 
-Phase flags instead of type checks: the engine asks `evicts_in_prefill` / `evicts_in_decode`,
-`needs_attention` (collect attention statistics while running), `needs_keys` (the cached keys in
-the score statistics), `query_window` (how many of the newest queries the cache keeps for the score,
-0: none), never `isinstance`. `keeps_newest` says the order of the pairs is known without scores (the
+Phase flags instead of type checks: the engine asks `evicts_in_prefill` / `evicts_in_decode` and
+`needs` (kvbench.policies.needs.Needs: what the score reads, so only that is kept), never `isinstance`. `keeps_newest` says the order of the pairs is known without scores (the
 score is the position): the cache then keeps the `protect_first` sinks and the newest pairs by slicing,
 with no score, sort or gather.
 
@@ -36,26 +34,29 @@ import torch
 
 from kvbench import budgets
 from kvbench.budgets import AFTER_PREFILL, SCHEDULES
+from kvbench.policies.needs import Needs
 
-__all__ = ["AFTER_PREFILL", "SCHEDULES", "Policy", "ScoreStats"]
+__all__ = ["AFTER_PREFILL", "SCHEDULES", "Needs", "Policy", "ScoreContext"]
 
 
 @dataclass
-class ScoreStats:
-    """What a policy may look at, for the samples being evicted; all shapes (L, B, H_kv, N).
+class ScoreContext:
+    """What a policy's `score` sees, for the samples being evicted; all shapes (L, B, H_kv, N). The same object
+    in static mode (kvbench.cache.evict) and serve mode (kvbench.serve.scoring).
 
     pos:    source position of each cached pair (int)
     sum_w:  attention weight each pair received, summed over every processed query (float32),
-            averaged over the query heads of a KV group; None unless `needs_attention`
-    last_w: the weights the newest query gave (float32); None unless `needs_attention`
+            averaged over the query heads of a KV group; None unless `needs.attention`
+    last_w: the weights the newest query gave (float32); None unless `needs.attention`
     last:   (1, B, 1, 1) last position processed so far, per sample
     n:      (1, B, 1, 1) pairs held per sample (slots >= n are empty)
     layers: (L, 1, 1, 1) absolute index of each layer (a cache may split layers over devices)
 
-    Extensions (filled only for the policies that ask, so the others pay nothing):
-    keys:    (L, B, H_kv, N, D) the cached keys, as stored (RoPE applied); when `needs_keys`
-    queries: (L, B, H_q, W, D) the newest W = `query_window` queries processed, RoPE applied, oldest
-             first, whatever forwards they came from; when `query_window` > 0
+    Filled only for the policies that declare them in `needs`, so the others pay nothing:
+    keys:    (L, B, H_kv, N, D) the cached keys, as stored (RoPE applied); when `needs.keys`
+    values:  (L, B, H_kv, N, D) the cached values; when `needs.values`
+    queries: (L, B, H_q, W, D) the newest W = `needs.queries` queries processed, RoPE applied, oldest
+             first, whatever forwards they came from; when `needs.queries` > 0
     query_pos: (1, B, 1, W) their source positions, -1 for an empty entry (fewer than W processed)
     scale:   the attention's softmax scale (the model's, usually D ** -0.5)
     """
@@ -67,6 +68,7 @@ class ScoreStats:
     n: torch.Tensor | None = None
     layers: torch.Tensor | None = None
     keys: torch.Tensor | None = None
+    values: torch.Tensor | None = None
     queries: torch.Tensor | None = None
     query_pos: torch.Tensor | None = None
     scale: float | None = None
@@ -94,20 +96,14 @@ class Policy:
     published_schedule: ClassVar[str | None] = None  # None: no published schedule to depart from
     published_evict_every: ClassVar[int | None] = None  # e.g. 1: published as one pair per token
     gqa_note: ClassVar[str | None] = None  # the departure on GQA models (several query heads per KV head)
-    needs_attention: ClassVar[bool] = False
+    needs: ClassVar[Needs] = Needs()  # what `score` reads (kvbench.policies.needs); nothing by default
     # True: `score` is the position (newer = keep), so an eviction keeps the protect_first sinks and the
     # newest pairs; KVCache.evict slices them into place instead of scoring, sorting and gathering
     keeps_newest: ClassVar[bool] = False
-    needs_keys: ClassVar[bool] = False
     # keys of the policy's config that play no part in what it runs (full: every budget and schedule key): in a
     # sweep they are reset to the policy's own defaults and named in the record's `ignored_keys` (kvbench.config)
     inert_keys: ClassVar[tuple[str, ...]] = ()
     layer_budget: ClassVar[str] = "uniform"  # the layer rule (kvbench.budgets.rule): "pyramid" for PyramidKV
-
-    @property
-    def query_window(self) -> int:
-        """How many of the newest queries the cache must keep for `score` (0: none)."""
-        return 0
 
     def __post_init__(self):
         self.validate()
@@ -141,7 +137,7 @@ class Policy:
             self.compression_ratio is not None) else None
 
     # ----------------------------------------------------------------- scoring
-    def score(self, stats: ScoreStats) -> torch.Tensor:
+    def score(self, stats: ScoreContext) -> torch.Tensor:
         """Higher = keep. Shape (L, B, H_kv, N) like the stats."""
         raise NotImplementedError(f"policy {self.name} does not score pairs")
 

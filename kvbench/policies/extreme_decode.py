@@ -14,7 +14,7 @@ from typing import ClassVar
 import torch
 
 from kvbench.errors import ConfigError
-from kvbench.policies.base import Policy, ScoreStats
+from kvbench.policies.base import Policy, ScoreContext
 
 
 @dataclass
@@ -48,5 +48,5 @@ class ExtremeDecode(Policy):
             raise ConfigError("policy.schedule", "extreme_decode is decoding-only (Algorithm 2)", self.schedule)
         super().validate()
 
-    def score(self, stats: ScoreStats) -> torch.Tensor:
+    def score(self, stats: ScoreContext) -> torch.Tensor:
         return stats.pos.float()

@@ -10,7 +10,7 @@ from typing import ClassVar
 import torch
 
 from kvbench.budgets import is_int
-from kvbench.policies.base import Policy, ScoreStats
+from kvbench.policies.base import Needs, Policy, ScoreContext
 
 
 @dataclass
@@ -26,7 +26,7 @@ class H2O(Policy):
     published_evict_every: ClassVar[int] = 1
     gqa_note: ClassVar[str] = ("gqa_group_mean: the attention a pair receives is averaged over the query heads of "
                                "its KV group (published on multi-head models)")
-    needs_attention: ClassVar[bool] = True
+    needs: ClassVar[Needs] = Needs(attention=True)
 
     def validate(self) -> None:
         if self.protect_recent is None and self.per_prompt is None and is_int(self.kv_size):
@@ -40,7 +40,7 @@ class H2O(Policy):
         else:
             super().validate()
 
-    def score(self, stats: ScoreStats) -> torch.Tensor:
+    def score(self, stats: ScoreContext) -> torch.Tensor:
         return stats.sum_w
 
     def describe(self, gqa: bool = False, paged: bool = False) -> dict:

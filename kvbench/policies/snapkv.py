@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from kvbench.budgets import is_int
 from kvbench.errors import ConfigError
-from kvbench.policies.base import AFTER_PREFILL, Policy, ScoreStats
+from kvbench.policies.base import AFTER_PREFILL, Needs, Policy, ScoreContext
 
 POOLINGS = ("max", "avg")
 LAYER_CHUNK = 4
@@ -55,11 +55,10 @@ class SnapKV(Policy):
     paper: ClassVar[tuple[str, str]] = ("Li et al., NeurIPS 2024", "https://arxiv.org/abs/2404.14469")
     published_schedule: ClassVar[str] = AFTER_PREFILL
     gqa_note: ClassVar[str] = "GQA models: pooled per query head, then averaged over the query heads of a KV group"
-    needs_keys: ClassVar[bool] = True
 
     @property
-    def query_window(self) -> int:
-        return self.window
+    def needs(self) -> Needs:
+        return Needs(keys=True, queries=self.window)  # the keys and the newest `window` queries
 
     def validate(self) -> None:
         if not is_int(self.window) or self.window <= 0:
@@ -83,7 +82,7 @@ class SnapKV(Policy):
                                   f"{keep} (an eviction must leave pairs to choose from)", self.window) from None
             raise
 
-    def score(self, stats: ScoreStats) -> torch.Tensor:
+    def score(self, stats: ScoreContext) -> torch.Tensor:
         keys, queries = stats.keys, stats.queries  # (L, B, H, N, D), (L, B, Hq, W, D)
         L, B, H, N, D = keys.shape
         Hq, W = queries.shape[2], queries.shape[3]

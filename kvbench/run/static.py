@@ -113,7 +113,7 @@ def clamp_batch_size(record: dict, batch_size: int, n: int) -> int:
 
 def run_static(cfg: DictConfig, record: dict, lm: LoadedModel, policy, task, samples, ids, memory_limit) -> list[dict]:
     """mode=run: static batches (a fixed batch size, or the largest the search finds), then scores."""
-    record["attention"] = resolve_backend(cfg.gen.attention, lm.model, policy.needs_attention,
+    record["attention"] = resolve_backend(cfg.gen.attention, lm.model, policy.needs.attention,
                                           head_rule(policy).uneven, lm.kinds)
     batch_size = clamp_batch_size(record, cfg.batch_size, len(ids))
     if cfg.search.max_batch:

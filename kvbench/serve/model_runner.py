@@ -49,11 +49,11 @@ class ModelRunner:
         self.shape = (L, H)
         self.pool = PagedPool(
             num_layers=L, num_blocks=num_blocks, block_size=block_size, num_kv_heads=H, head_dim=geo["head_dim"],
-            dtype=geo["dtype"], device=self.device, track_attention=policy.needs_attention, rerotate=rotate,
+            dtype=geo["dtype"], device=self.device, track_attention=policy.needs.attention, rerotate=rotate,
         )
-        self.windows = QueryWindows(policy.query_window, L, model.config.num_attention_heads, geo["head_dim"],
-                                    geo["dtype"], self.device) if policy.evicts and policy.query_window else None
-        self.attention = attention_backend(self.device, geo["dtype"], policy.needs_attention, block_size)
+        self.windows = QueryWindows(policy.needs.queries, L, model.config.num_attention_heads, geo["head_dim"],
+                                    geo["dtype"], self.device) if policy.evicts and policy.needs.queries else None
+        self.attention = attention_backend(self.device, geo["dtype"], policy.needs.attention, block_size)
 
     @torch.inference_mode()
     def step(self, scheduled: list[Scheduled]) -> dict[int, int]:

@@ -32,7 +32,7 @@ def pool_blocks(cfg: DictConfig, lm, policy, memory_limit: memory.MemoryLimit | 
     geo = model_geometry(lm.model)
     per_block = PagedPool.block_bytes(
         num_layers=len(geo["layer_devices"]), block_size=cfg.serve.block_size, num_kv_heads=geo["num_kv_heads"],
-        head_dim=geo["head_dim"], dtype=geo["dtype"], track_attention=policy.needs_attention,
+        head_dim=geo["head_dim"], dtype=geo["dtype"], track_attention=policy.needs.attention,
         rerotate=policy.rerotate and policy.evicts,
     )
     free = memory_limit.usable - sum(memory.ModelShape.of(lm.model).weights.values())  # memory.reserve_gb is not the pool's

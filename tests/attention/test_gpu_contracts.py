@@ -292,11 +292,11 @@ def test_key_norm_policies_never_copy_every_key_to_float32(name):
     double the cache's memory and halve the policy's largest batch)."""
     from torch.overrides import TorchFunctionMode
 
-    from kvbench.policies.base import ScoreStats
+    from kvbench.policies.base import ScoreContext
 
     L, B, H, N, D = 6, 2, 2, 32, 16
     keys = torch.randn(L, B, H, N, D, dtype=torch.bfloat16)
-    stats = ScoreStats(pos=torch.arange(N).expand(L, B, H, N), last=torch.full((1, B, 1, 1), N - 1),
+    stats = ScoreContext(pos=torch.arange(N).expand(L, B, H, N), last=torch.full((1, B, 1, 1), N - 1),
                        n=torch.full((1, B, 1, 1), N), keys=keys)
     biggest = []
 

@@ -40,7 +40,7 @@ def _probe_footprints(cfg) -> dict[int, int]:
     return {
         b: memory.account(lm.model, [len(x) for x in search.probe_prompts(ids, b)], policy,
                           max_new_tokens=cfg.gen.max_new_tokens,
-                          attention=resolve_backend(cfg.gen.attention, lm.model, policy.needs_attention)).total
+                          attention=resolve_backend(cfg.gen.attention, lm.model, policy.needs.attention)).total
         for b in CANDIDATES
     }
 

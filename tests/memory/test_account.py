@@ -180,7 +180,7 @@ def test_accounted_peak_is_linear_in_kv_size(tiny_llama, policy, shape):
     s = memory.ModelShape.of(tiny_llama.model) if shape == "tiny" else SMOLLM2
     sizes, B, L = (768, 1024, 1280, 1536), 4, sum(s.layers.values())
     accs = [memory.account(s, [2000] * B, policy(kv_size=k), max_new_tokens=128).devices["cpu"] for k in sizes]
-    slot = B * L * s.kv_heads * (2 * s.head_dim * s.elem + 4 + (8 if policy.needs_attention else 0))  # K, V, pos, stats
+    slot = B * L * s.kv_heads * (2 * s.head_dim * s.elem + 4 + (8 if policy.needs.attention else 0))  # K, V, pos, stats
     assert [a.kv_cache for a in accs] == [(k + 1) * slot for k in sizes]
     steps = [b.total - a.total for a, b in zip(accs[:-1], accs[1:], strict=True)]
     assert len(set(steps)) == 1 and steps[0] > 256 * slot, steps
