@@ -90,6 +90,7 @@ class Policy:
     head_floor: float = 0.2  # adaptive: the share of the budget each head keeps at least (kvpress's alpha_safeguard)
 
     name: ClassVar[str] = "base"
+    label: ClassVar[str | None] = None  # the report's short name (a class's own; None: its name)
     # what the docs' policy tables say of it (docs/hooks/tables.py): the pairs it keeps, in a line, and its paper
     summary: ClassVar[str] = ""
     paper: ClassVar[tuple[str, str] | None] = None  # (citation, link), e.g. ("Zhang et al., NeurIPS 2023", "https://...")

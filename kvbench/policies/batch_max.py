@@ -19,6 +19,7 @@ class BatchMax(Policy):
     evict_every: int = 64
     schedule: str = "prefill_and_decode"
     name: ClassVar[str] = "batch_max"
+    label: ClassVar[str] = "BM"
     summary: ClassVar[str] = "attention received / queries that could attend it (the average rule)"
     paper: ClassVar[tuple[str, str]] = ("Metel et al., ES-FoMo @ ICML 2025", "https://arxiv.org/abs/2412.05693")
     published_schedule: ClassVar[str] = "prefill_and_decode"

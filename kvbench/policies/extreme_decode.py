@@ -23,6 +23,7 @@ class ExtremeDecode(Policy):
     evict_every: int | None = None  # always kv_size - 1
     schedule: str = "decode_only"
     name: ClassVar[str] = "extreme_decode"
+    label: ClassVar[str] = "ED"
     summary: ClassVar[str] = "one pair, evicting at every decode step (ED: the decoding-only throughput bound)"
     paper: ClassVar[tuple[str, str]] = ("Metel et al., 2025, Algorithm 2", "https://arxiv.org/abs/2412.05693")
     # Algorithm 2 fixes them: one pair kept (no share of the prompt), p = kv_size - 1, decoding only

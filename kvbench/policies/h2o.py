@@ -20,6 +20,7 @@ class H2O(Policy):
     schedule: str = "decode_only"
     protect_recent: int | None = None  # None: half the budget (kv_size // 2, or each sample's own with kv_ratio)
     name: ClassVar[str] = "h2o"
+    label: ClassVar[str] = "H2O"
     summary: ClassVar[str] = "attention received, summed; the newest half of the budget protected"
     paper: ClassVar[tuple[str, str]] = ("Zhang et al., NeurIPS 2023", "https://arxiv.org/abs/2306.14048")
     published_schedule: ClassVar[str] = "decode_only"

@@ -21,6 +21,7 @@ class KeyDiff(Policy):
     evict_every: int = 64
     schedule: str = "decode_only"
     name: ClassVar[str] = "keydiff"
+    label: ClassVar[str] = "KeyDiff"
     summary: ClassVar[str] = "keys least similar (cosine) to the head's mean key"
     paper: ClassVar[tuple[str, str]] = ("Park et al., 2025", "https://arxiv.org/abs/2504.15364")
     published_schedule: ClassVar[str] = AFTER_PREFILL

@@ -21,6 +21,7 @@ class Knorm(Policy):
     evict_every: int = 64
     schedule: str = "decode_only"
     name: ClassVar[str] = "knorm"
+    label: ClassVar[str] = "Knorm"
     summary: ClassVar[str] = "keys with the lowest L2 norm"
     paper: ClassVar[tuple[str, str]] = ("Devoto et al., EMNLP 2024", "https://arxiv.org/abs/2406.11430")
     published_schedule: ClassVar[str] = AFTER_PREFILL

@@ -23,6 +23,7 @@ class PyramidKV(SnapKV):
     beta: int = 20
     budget_rule: str = "published"  # published (PyramidKV's code, kvpress) | window_plus (kvbench's earlier rule)
     name: ClassVar[str] = "pyramidkv"
+    label: ClassVar[str] = "PyramidKV"
     summary: ClassVar[str] = "SnapKV's score, with per-layer budgets shrinking from the bottom layer up"
     paper: ClassVar[tuple[str, str]] = ("Cai et al., 2024", "https://arxiv.org/abs/2406.02069")
     layer_budget: ClassVar[str] = "pyramid"  # kvbench/budgets/pyramid_layers.py

@@ -32,6 +32,7 @@ class Random(Policy):
     schedule: str = "decode_only"
     seed: int = 0
     name: ClassVar[str] = "random"
+    label: ClassVar[str] = "Random"
     summary: ClassVar[str] = "a seeded uniform score: the floor every method must beat"
     published_schedule: ClassVar[str] = AFTER_PREFILL
 

@@ -51,6 +51,7 @@ class SnapKV(Policy):
     pooling: str = "avg"
     pool_window: bool = False  # True: pool over the window's own pairs too (kvbench's earlier variant)
     name: ClassVar[str] = "snapkv"
+    label: ClassVar[str] = "SnapKV"
     summary: ClassVar[str] = "the last `window` queries' attention, averaged, pooled over `kernel` neighbours; the window kept"
     paper: ClassVar[tuple[str, str]] = ("Li et al., NeurIPS 2024", "https://arxiv.org/abs/2404.14469")
     published_schedule: ClassVar[str] = AFTER_PREFILL

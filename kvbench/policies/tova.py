@@ -23,6 +23,7 @@ class TOVA(Policy):
     schedule: str = "decode_only"
     per_kv_head: bool = False
     name: ClassVar[str] = "tova"
+    label: ClassVar[str] = "TOVA"
     summary: ClassVar[str] = "the newest query's attention, averaged over the layer's query heads"
     paper: ClassVar[tuple[str, str]] = ("Oren et al., 2024", "https://arxiv.org/abs/2401.06104")
     published_schedule: ClassVar[str] = "decode_only"

@@ -20,6 +20,7 @@ from kvbench.policies.h2o import H2O
 @dataclass
 class VATP(H2O):
     name: ClassVar[str] = "vatp"
+    label: ClassVar[str] = "VATP"
     summary: ClassVar[str] = "attention received, summed, times the value's L1 norm; the newest half protected"
     paper: ClassVar[tuple[str, str]] = ("Guo et al., EMNLP 2024", "https://arxiv.org/abs/2406.12335")
     needs: ClassVar[Needs] = Needs(attention=True, values=True)

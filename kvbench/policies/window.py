@@ -16,6 +16,7 @@ class Window(Policy):
     kv_size: int | None = 512
     evict_every: int = 64
     name: ClassVar[str] = "window"
+    label: ClassVar[str] = "Window"
     summary: ClassVar[str] = "the newest pairs (and `protect_first` sinks)"
     keeps_newest: ClassVar[bool] = True  # the score below, known without computing it
 

@@ -80,7 +80,7 @@ def test_the_issues_sweeps_run_full_once_and_report_one_table(tmp_path, monkeypa
     (table,) = tables(recs, 0.96, tmp_path)  # one setting: one table, the one FKV row in it
     methods = sorted((r.method, r.cells()[2]) for r in table.runs)
     assert methods == sorted([("FKV", "-"), ("H2O", "128"), ("H2O", "256"), ("H2O", "512"),
-                              ("H2O (after_prefill)", "cr=0.5"), ("snapkv", "256"), ("Window", "256"), ("BM", "256")])
+                              ("H2O (after_prefill)", "cr=0.5"), ("SnapKV", "256"), ("Window", "256"), ("BM", "256")])
     assert table.fkv is not None and table.fkv.run_id == full["run_id"]
     assert set(table.vs_fkv) == {r["run_id"] for r in recs} - {full["run_id"]}  # each paired with that FKV
 
