@@ -23,8 +23,8 @@ def check_serve(cfg: DictConfig) -> None:
     """serve.* values (always), serve.eviction's preset, and how they fit the policy (the serve modes only).
     Pure: cfg is the config as it will run (kvbench.config.presets.with_presets)."""
     from kvbench.budgets import head_rule
+    from kvbench.serve.block_evict import BLOCK_SCORES, BlockRule
     from kvbench.serve.budgets import RequestBudgets
-    from kvbench.serve.evict import BLOCK_SCORES, BlockRule
 
     s = cfg.serve
     for key in ("block_size", "max_tokens_per_step"):

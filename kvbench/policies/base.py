@@ -42,7 +42,7 @@ __all__ = ["AFTER_PREFILL", "SCHEDULES", "Needs", "Policy", "ScoreContext"]
 @dataclass
 class ScoreContext:
     """What a policy's `score` sees, for the samples being evicted; all shapes (L, B, H_kv, N). The same object
-    in static mode (kvbench.cache.evict) and serve mode (kvbench.serve.scoring).
+    in static mode (kvbench.cache.evict) and serve mode (kvbench.serve.score_context).
 
     pos:    source position of each cached pair (int)
     sum_w:  attention weight each pair received, summed over every processed query (float32),

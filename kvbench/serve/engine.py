@@ -22,9 +22,9 @@ from kvbench.attention import kv_attention
 from kvbench.errors import ConfigError
 from kvbench.models.geometry import model_geometry
 from kvbench.policies.base import Policy
+from kvbench.serve.block_evict import BlockRule
 from kvbench.serve.blocks import BlockManager
 from kvbench.serve.budgets import HeadBudgets, RequestBudgets
-from kvbench.serve.evict import BlockRule
 from kvbench.serve.fit import max_blocks, max_pages, stuck, too_small  # noqa: F401  (max_blocks: the preflight's)
 from kvbench.serve.model_runner import ModelRunner
 from kvbench.serve.request import Request
@@ -47,7 +47,7 @@ class ServeOutput:
     kv_block_bytes: int = 0  # one block in every layer: K and V only
     peak_pages: int = 0  # the most pages in use at once (a page: block_size slots of one layer and KV head)
     pages_per_block: int = 1  # layers x KV heads
-    per_head: bool = False  # each (layer, KV head) evicts its own blocks (kvbench.serve.evict's head scope)
+    per_head: bool = False  # each (layer, KV head) evicts its own blocks (kvbench.serve.block_evict's head scope)
 
     @property
     def peak_kv_bytes(self) -> int:

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvbench.serve.block_evict import BlockRule
 from kvbench.serve.blocks import BlockManager
 from kvbench.serve.budgets import RequestBudgets
-from kvbench.serve.evict import BlockRule
 from kvbench.serve.request import Request
 from kvbench.serve.scheduler import Scheduler
 

@@ -5,7 +5,7 @@ writes the chunk positions into the pool, runs the model on the packed tokens wi
 `position_ids` (true positions: after an eviction the kept keys keep their RoPE and new queries their real
 position), keeps logits only for the requests whose chunk reaches the end of their sequence, and returns
 their greedy next tokens. `evictor` scores a request's blocks for eviction from the pool's statistics with
-the policy's `score()` (kvbench.serve.evict: the same blocks everywhere, or each (layer, KV head) its own).
+the policy's `score()` (kvbench.serve.block_evict: the same blocks everywhere, or each (layer, KV head) its own).
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from kvbench.errors import ConfigError
 from kvbench.models.family import kinds
 from kvbench.models.geometry import model_geometry, rope_inv_freq
 from kvbench.policies.base import Policy
-from kvbench.serve.evict import block_scores, choose
-from kvbench.serve.layout import Layout
+from kvbench.serve.block_evict import block_scores, choose
+from kvbench.serve.page_layout import Layout
 from kvbench.serve.paged_attention import PagedStep
 from kvbench.serve.paged_attention import backend as attention_backend
 from kvbench.serve.pool import PagedPool
 from kvbench.serve.queries import QueryWindows
 from kvbench.serve.request import Request
 from kvbench.serve.scheduler import Scheduled
-from kvbench.serve.scoring import request_stats
+from kvbench.serve.score_context import request_stats
 
 
 class ModelRunner:

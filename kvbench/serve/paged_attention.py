@@ -73,7 +73,7 @@ class PagedStep:
     chunk of the statistics; `windows`: the requests' query windows to update (kvbench.serve.queries), or None."""
 
     pool: object
-    layout: object  # kvbench.serve.layout.Layout
+    layout: object  # kvbench.serve.page_layout.Layout
     attention: str = "paged_sdpa"
     score_chunk: int = SCORE_CHUNK
     windows: object = None

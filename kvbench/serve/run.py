@@ -114,7 +114,7 @@ def execute_limits(cfg: DictConfig, record: dict, lm, policy, task, samples, ids
     """mode=serve_limits: OpenVINO's two limit checks (kvbench.serve.limits) on the task's prompt lengths,
     for this pool, policy and schedule; no model is loaded (`lm`, `samples` and `ids` are None)."""
     from kvbench.config.preflight import model_config, prompt_lengths
-    from kvbench.serve.evict import BlockRule
+    from kvbench.serve.block_evict import BlockRule
     from kvbench.serve.limits import Pool, fewest_sequences_to_fill, limits_shape, longest_generation
 
     s = cfg.serve

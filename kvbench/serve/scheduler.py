@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvbench.serve.block_evict import BlockRule, oldest
 from kvbench.serve.blocks import BlockManager
-from kvbench.serve.evict import BlockRule, oldest
 from kvbench.serve.request import Request
 
 # (request, end of each head's evictable area (L, H), blocks each evicts (L, H)) -> (L, H, nb) bool: which

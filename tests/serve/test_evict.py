@@ -7,7 +7,7 @@ import torch
 
 from kvbench.policies import H2O, BatchMax, Full, Window
 from kvbench.policies.base import ScoreContext
-from kvbench.serve.evict import BlockRule, block_scores, choose_blocks
+from kvbench.serve.block_evict import BlockRule, block_scores, choose_blocks
 
 
 def stats(sum_w: list[float], L=2, H=2):

@@ -11,8 +11,8 @@ from kvbench import run as kvrun
 from kvbench.config import CONF_DIR
 from kvbench.policies import H2O, BatchMax, Full
 from kvbench.serve import metrics
+from kvbench.serve.block_evict import BlockRule
 from kvbench.serve.engine import ServeOutput
-from kvbench.serve.evict import BlockRule
 from kvbench.serve.limits import Pool, fewest_sequences_to_fill, longest_generation, replay
 from kvbench.serve.request import Request
 from tests.conftest import assert_one_line_exit_2
