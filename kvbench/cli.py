@@ -51,10 +51,14 @@ def _message(e: BaseException) -> str:
     """One line for a composition/validation error, naming the override."""
     from hydra.errors import MissingConfigException
 
+    from kvbench.config.checks import RENAMED
     from kvbench.errors import ConfigError
 
     if isinstance(e, ConfigError):
         return str(e)
+    renamed = next((old for old in RENAMED if old.rpartition(".")[2] in str(e)), None)
+    if renamed is not None:  # a config file still setting a renamed key
+        return f"{renamed}: was renamed {RENAMED[renamed]}"
     if isinstance(e, MissingConfigException) and e.missing_cfg_file:
         group, _, option = str(e.missing_cfg_file).rpartition("/")
         if group == "hydra/launcher" and option.startswith("submitit_"):  # hydra/launcher=slurm extends it
@@ -82,6 +86,7 @@ def preflight(argv: list[str]) -> list[str]:
     """Compose and check every job of the command line; raise on the first bad one (every job's config before
     any job's run checks). Returns the command line Hydra is to run (`compose_jobs`)."""
     from kvbench.config import prepare
+    from kvbench.config.checks import refuse_renamed
     from kvbench.config.preflight import check_run
     from kvbench.errors import ConfigError
 
@@ -91,6 +96,7 @@ def preflight(argv: list[str]) -> list[str]:
     if multirun and not runs:  # Hydra's own refusal is a traceback
         raise ConfigError("--cfg", "prints the config of one run: it cannot be combined with -m (drop -m and give "
                           "each key one value)")
+    refuse_renamed(overrides)
     argv, jobs = compose_jobs(argv)
     for job, cfg, _ in jobs if runs else []:
         if cfg.search.max_batch and any(o.split("=", 1)[0].lstrip("+~") == "batch_size" for o in job):

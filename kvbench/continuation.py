@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import torch
 
 from kvbench.attention import SCORE_CHUNK, kv_attention, resolve_backend
-from kvbench.budgets import rules
+from kvbench.budgets import head_rule, knobs
 from kvbench.cache import KVCache
 from kvbench.cache.evict import trim_windows
 from kvbench.engine import Batch, evict_before_forward, pad_id
@@ -44,7 +44,7 @@ def compress_for_reading(cache: KVCache, q: torch.Tensor, policy: Policy) -> Non
                 k = torch.as_tensor(policy.kv_size if g.budget is None else g.budget, device="cpu").expand_as(q)  # (B,)
                 rows = rows_to_evict(g.load, torch.ones_like(q), policy, False, k, first_decode=True)
                 if rows is not None:
-                    cache.evict(rows, rules.keep(policy, k), policy, group=g)
+                    cache.evict(rows, knobs.keep(policy, k), policy, group=g)
             need = int(g.n.max()) + int(q.max())  # the continuation is never evicted
             if g.capacity < need:
                 cache.resize(need, group=g)
@@ -52,18 +52,19 @@ def compress_for_reading(cache: KVCache, q: torch.Tensor, policy: Policy) -> Non
 
 @torch.inference_mode()
 def _score_batch(model, ids: list[list[int]], n_cont: list[int], policy: Policy, pad: int, geometry,
-                 prefill_chunk: int | None) -> list[tuple[float, bool]]:
+                 prefill_chunk: int | None, backend: str, score_chunk: int) -> list[tuple[float, bool]]:
     prompts = [x[:-1] for x in ids]  # the last continuation token is only a target
     batch = Batch(model, prompts, policy, 1, pad, geometry, prefill_chunk, list(n_cont))
     cache = batch.cache
     dev = model.get_input_embeddings().weight.device
     base = model.get_decoder()
     cache_name, base_cache_name = cache_kwarg(model), cache_kwarg(base)
+    step = cache.attention_step(backend, score_chunk)  # what attention reads (kvbench.attention.static)
 
     def forward(tokens, r, keep: int):
         positions = cache.begin_forward(r, tokens.shape[1])
         kw = {"input_ids": tokens.to(dev), "position_ids": positions.to(dev), "use_cache": True,
-              "kvbench_cache": cache, (cache_name if keep else base_cache_name): cache}
+              "kvbench_step": step, (cache_name if keep else base_cache_name): cache}
         return model(**kw, logits_to_keep=keep).logits if keep else base(**kw)
 
     try:
@@ -93,10 +94,10 @@ def continuation_logprobs(model, ids: Sequence[Sequence[int]], n_cont: Sequence[
         raise ValueError("a request needs at least one context and one continuation token")
     geometry = model_geometry(model)
     pad = pad_id(model, tokenizer) if tokenizer is not None else 0
-    backend = resolve_backend(attention, model, policy.needs_attention)
+    backend = resolve_backend(attention, model, policy.needs.attention, head_rule(policy).uneven)
     out: list[tuple[float, bool]] = []
-    with kv_attention(model, score_chunk=score_chunk, backend=backend, needs_attention=policy.needs_attention):
+    with kv_attention(model):
         for s in range(0, len(ids), batch_size):
             out += _score_batch(model, [list(x) for x in ids[s:s + batch_size]], list(n_cont[s:s + batch_size]),
-                                policy, pad, geometry, prefill_chunk)
+                                policy, pad, geometry, prefill_chunk, backend, score_chunk)
     return out

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.budgets import rules
+from kvbench.budgets import knobs
 from kvbench.policies.base import Policy
 
 
@@ -51,7 +51,7 @@ def prefill_chunks(lengths: list[int], policy: Policy, chunk: int | None,
     if policy.evicts_in_prefill:
         chunk = chunk or policy.evict_every
         if budgets is None:
-            budgets = rules.layer_budgets(policy, lengths, 1)
+            budgets = knobs.layer_budgets(policy, lengths, 1)
         first = budgets.min(dim=0).values.tolist()  # (B,) the smallest layer budget of each sample
         per_sample = [block_sizes(s, f, policy.evict_every, chunk) for s, f in zip(lengths, first, strict=True)]
     else:

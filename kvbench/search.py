@@ -4,7 +4,7 @@ Doubling over the sorted candidates (the next candidate at least twice the last 
 bisection between the last candidate that fit and the first that did not; fitting is assumed
 monotone in the batch size. Each trial is a real probe of the worst case: the b longest prompts of
 the sample set (cycled when b exceeds it), the cache allocated for the full generation length, the
-prefill and `search.decode_steps` decode steps, under the run's memory limit (`memory.budget_gb`: accounted
+prefill and `search.decode_steps` decode steps, under the run's memory limit (`memory.limit_gb`: accounted
 on CPU, the real cap on CUDA). On CPU, `search.probe=account` decides a trial from the accounted peak alone without
 running it: the same verdict, minutes faster for long prompts. On CPU a real probe is decided by the
 accounted limit too (the limit admits or refuses each batch from its accounted peak before it
@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 
 from kvbench import engine, memory
 from kvbench.attention import resolve_backend
+from kvbench.budgets import head_rule
 from kvbench.config.candidates import search_candidates
 
 log = logging.getLogger("kvbench")
@@ -93,14 +94,15 @@ def probe_prompts(ids: list[list[int]], batch_size: int) -> list[list[int]]:
     return [longest[i % len(longest)] for i in range(batch_size)]
 
 
-def probe(cfg, lm, policy, ids: list[list[int]], batch_size: int, memory_limit: memory.Budget | None) -> Trial:
+def probe(cfg, lm, policy, ids: list[list[int]], batch_size: int, memory_limit: memory.MemoryLimit | None) -> Trial:
     """One trial: prefill + `search.decode_steps` decode steps of the worst-case batch, under `memory_limit`
-    (kvbench.memory.Budget: accounted on CPU, a cap on CUDA; None: no limit)."""
+    (kvbench.memory.MemoryLimit: accounted on CPU, a cap on CUDA; None: no limit)."""
     prompts = probe_prompts(ids, batch_size)
     acc = memory.account(
         lm.model, [len(x) for x in prompts], policy, max_new_tokens=cfg.gen.max_new_tokens,
         prefill_chunk=cfg.gen.prefill_chunk, score_chunk=cfg.gen.score_chunk,
-        attention=resolve_backend(cfg.gen.attention, lm.model, policy.needs_attention),
+        attention=resolve_backend(cfg.gen.attention, lm.model, policy.needs.attention, head_rule(policy).uneven,
+                                  lm.kinds),
     )
     devices = memory.cuda_devices(lm.model)
     memory.release()  # a clean start: garbage from before the trial is not part of its level
@@ -111,7 +113,7 @@ def probe(cfg, lm, policy, ids: list[list[int]], batch_size: int, memory_limit: 
         try:
             if memory_limit is not None:
                 memory_limit.admit(acc)
-        except memory.BudgetExceeded:
+        except memory.MemoryLimitExceeded:
             status = "oom"
         return Trial(batch_size=batch_size, status=status, peak_mem_bytes=acc.total, accounted_mem_bytes=acc.total,
                      oom_kind="accounted" if status == "oom" else None)
@@ -120,7 +122,7 @@ def probe(cfg, lm, policy, ids: list[list[int]], batch_size: int, memory_limit: 
             lm.model, lm.tokenizer, prompts, policy, batch_size,
             max_new_tokens=cfg.gen.max_new_tokens, eos_token_ids=lm.eos_token_ids, ignore_eos=True,
             prefill_chunk=cfg.gen.prefill_chunk, score_chunk=cfg.gen.score_chunk, memory_limit=memory_limit,
-            decode_steps=cfg.search.decode_steps, attention=cfg.gen.attention,
+            decode_steps=cfg.search.decode_steps, attention=cfg.gen.attention, kinds=lm.kinds,
         )
     except Exception as e:
         if not memory.is_oom(e):
@@ -137,7 +139,7 @@ def probe(cfg, lm, policy, ids: list[list[int]], batch_size: int, memory_limit: 
     return trial
 
 
-def max_batch(cfg, lm, policy, ids: list[list[int]], memory_limit: memory.Budget | None) -> SearchResult:
+def max_batch(cfg, lm, policy, ids: list[list[int]], memory_limit: memory.MemoryLimit | None) -> SearchResult:
     """Search `search.candidates` (capped by `search.max` and the sample count) for the largest batch that fits."""
     start = time.perf_counter()
     result = search(search_candidates(cfg), lambda b: probe(cfg, lm, policy, ids, b, memory_limit))

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvbench import engine  # noqa: E402
 from kvbench.policies import Full  # noqa: E402
-from kvbench.serve import attention as paged  # noqa: E402
+from kvbench.serve import paged_attention as paged  # noqa: E402
 from kvbench.serve.engine import serve  # noqa: E402
 from kvbench.serve.request import Request  # noqa: E402
 
@@ -99,18 +99,16 @@ class Timers:
             scaled_dot_product_attention = staticmethod(timed(sdpa, "attention"))
 
         kernels = ((static.sdpa, "sdpa_attention"), (static.fused, "fused_attention"), (static.eager, "eager_attention"))
-        for mod, name, new in ((paged, "F", F), (paged, "_fused", timed(paged._fused, "attention"))) + tuple(
+        for mod, name, new in ((paged, "F", F), (paged, "fused_attention", timed(paged.fused_attention, "attention"))) + tuple(
                 (m, n, timed(getattr(m, n), "attention")) for m, n in kernels):
             self.saved.append((mod, name, getattr(mod, name)))
             setattr(mod, name, new)
         from transformers import AttentionInterface
 
         mapping = AttentionInterface._global_mapping  # the whole attention function: cache writes, gathers, stats
-        paged.register()
-        static.register()
-        for name in (paged.NAME, static.NAME):
-            self.saved.append((mapping, name, mapping[name]))
-            mapping[name] = timed(mapping[name], "attention_fn")
+        static.register()  # one registered function serves both engines (kvbench.attention.interface)
+        self.saved.append((mapping, static.NAME, mapping[static.NAME]))
+        mapping[static.NAME] = timed(mapping[static.NAME], "attention_fn")
         return self
 
     def add(self, key, t0):

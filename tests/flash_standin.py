@@ -1,7 +1,7 @@
 """A pure-torch stand-in for flash-attn's `flash_attn_with_kvcache`, enforcing the library's documented checks.
 
 Installed as the `flash_attn` module by the `flash_standin` fixture (tests/attention/test_gpu_contracts.py), so kvbench's
-flash paths (static: kvbench.attention.flash; serve: kvbench.serve.attention._flash) run on the CPU, and any
+flash paths (static: kvbench.attention.flash; serve: kvbench.serve.paged_attention._flash) run on the CPU, and any
 call the real kernel would refuse fails here too. The checks follow flash-attn 2.x's `mha_fwd_kvcache`
 (csrc/flash_attn/flash_api.cpp) and its docstring (flash_attn/flash_attn_interface.py):
 

@@ -18,6 +18,7 @@ Plain and slow on purpose, for the tests only. Nothing from kvbench is imported:
   the older pair, where the score is
       "average" (Batch-Max)  sum_w / (last + 1 - pos)
       "sum"     (H2O)        sum_w
+      "vatp"    (VATP)       sum_w times the L1 norm of the pair's value
       "last"    (TOVA, per KV head)  last_w
       "last_layer" (TOVA)    last_w averaged over all query heads of the layer (the mean over the KV
                              heads of their group means; every head holds the same positions)
@@ -90,7 +91,8 @@ class Spec:
 # policy gets its rule written here, from its paper, not from its kvbench code; None: it never evicts
 POLICY_RULES = {"full": None, "window": "newest", "streaming_llm": "newest", "extreme_decode": "newest",
                 "batch_max": "average", "h2o": "sum", "tova": "last_layer", "knorm": "knorm", "keydiff": "keydiff",
-                "random": "random", "snapkv": "snapkv", "pyramidkv": "snapkv"}
+                "random": "random", "snapkv": "snapkv", "pyramidkv": "snapkv",
+                "vatp": "vatp"}
 
 
 @dataclass
@@ -295,6 +297,8 @@ def _score(pr: Pair, rule: str, last: int) -> float:
         return pr.sum_w / (last + 1 - pr.pos)  # queries that could attend the pair, its own included
     if rule == "sum":
         return pr.sum_w
+    if rule == "vatp":  # the value's L1 norm in float32 like the engine's
+        return pr.sum_w * float(pr.v.abs().sum().float())
     if rule == "last":
         return pr.last_w
     raise ValueError(rule)

@@ -1,4 +1,5 @@
-"""kvbench's attention on its own KV cache: backend choice, kernels, statistics, and the patch that activates them.
+"""kvbench's attention on its own KV cache: backend choice, kernels, statistics, the step object every forward passes,
+and the context that activates it.
 
 Modules (one idea each; imports go down this list, never up):
 
@@ -6,8 +7,11 @@ Modules (one idea each; imports go down this list, never up):
 * `masks`: the boolean mask each query sees and GQA's K/V repetition, shared by the kernels.
 * `stats`: attention statistics (the weight each cached pair received), for scored policies.
 * `sdpa`, `flash`, `eager`, `fused`: the four kernels, one per backend (below).
-* `patch`: the function registered with transformers and `kv_attention(model)`, the context that
-  activates it on one model and restores the model and the module's setting on exit.
+* `errors`: the library's own errors (`AttentionError`, `UnsupportedBackend`); the config layer names the key.
+* `interface`: the function registered with transformers, which hands each layer to the forward's step (the
+  keyword `kvbench_step`), and `kv_attention(model)`, the context that switches a model to it and back.
+* `static`: `StaticStep`, the static engine's step: the layout and statistics sink of the evicting cache, the
+  backend and the query chunk (serve mode's step is kvbench.serve.paged_attention's `PagedStep`).
 
 Backends (`gen.attention`):
 
@@ -30,36 +34,29 @@ logits (Gemma 2 `softcap`) runs the `eager` path under `eager` and the `fused` o
 neither; transformers itself runs those models eagerly), the sink's mass in every softmax's denominator,
 scores included. A layer whose window differs from its cache group's raises: never a silent difference.
 
-The names below are re-exported so `from kvbench.attention import ...` keeps working; to wrap or replace a
-kernel or a setting, patch the module that defines it (e.g. `kvbench.attention.sdpa.sdpa_attention`,
-`kvbench.attention.select.FLASH_DEVICES`): the dispatch reads them there, not here.
+The public names are re-exported here; to wrap or replace a kernel or a setting, patch the module that defines it
+(e.g. `kvbench.attention.sdpa.sdpa_attention`, `kvbench.attention.select.FLASH_DEVICES`): the dispatch reads them
+there, not here.
 """
 
 from __future__ import annotations
 
-from kvbench.attention.eager import eager_attention as _eager
+from kvbench.attention.errors import AttentionError, UnsupportedBackend
 from kvbench.attention.flash import FLASH_CHECK_RTOL, FLASH_CHECK_TOL
-from kvbench.attention.flash import flash_attention as _flash
-from kvbench.attention.fused import fused_attention as _fused
-from kvbench.attention.masks import keep_mask as _keep_mask
-from kvbench.attention.masks import repeat_kv as _repeat_kv
-from kvbench.attention.patch import (
+from kvbench.attention.interface import (
     NAME,
     SCORE_CHUNK,
-    Active,
-    active,
+    attention_modules,
     kv_attention,
     kvbench_attention,
     register,
 )
-from kvbench.attention.sdpa import sdpa_attention as _sdpa
 from kvbench.attention.select import BACKENDS, flash_available, resolve, resolve_backend
+from kvbench.attention.static import StaticStep
 from kvbench.attention.stats import attention_stats
-from kvbench.attention.stats import stats_from_probs as _stats_from_probs
 
 __all__ = [
-    "BACKENDS", "FLASH_CHECK_RTOL", "FLASH_CHECK_TOL", "NAME", "SCORE_CHUNK",
-    "Active", "active", "attention_stats", "flash_available", "kv_attention", "kvbench_attention", "register",
-    "resolve", "resolve_backend",
-    "_eager", "_flash", "_fused", "_keep_mask", "_repeat_kv", "_sdpa", "_stats_from_probs",
+    "BACKENDS", "FLASH_CHECK_RTOL", "FLASH_CHECK_TOL", "NAME", "SCORE_CHUNK", "AttentionError", "StaticStep",
+    "UnsupportedBackend", "attention_modules", "attention_stats", "flash_available", "kv_attention",
+    "kvbench_attention", "register", "resolve", "resolve_backend",
 ]

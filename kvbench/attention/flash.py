@@ -9,6 +9,7 @@ kernel passed, a fact about the library, like the availability probe in `kvbench
 from __future__ import annotations
 
 from kvbench.attention import sdpa
+from kvbench.attention.errors import AttentionError
 
 FLASH_CHECK_TOL = 2e-2  # max |flash - SDPA| - FLASH_CHECK_RTOL |SDPA| accepted on the first flash call of a process
 FLASH_CHECK_RTOL = 1.6e-2  # 2 ulps of bfloat16 (torch.testing's bfloat16 rtol)
@@ -39,7 +40,7 @@ def flash_attention(query, key, value, step, scaling):
         # |diff| beyond a relative part (two kernels' roundings: bfloat16's ulp at 4.0 is 0.031)
         err = (((out - ref).abs() - FLASH_CHECK_RTOL * ref.abs()) * real).max().item()
         if not err <= FLASH_CHECK_TOL:
-            raise RuntimeError(f"flash-attn disagrees with SDPA on kvbench's cache (max |diff| - {FLASH_CHECK_RTOL:g} "
-                               f"|SDPA| = {err:.3g}); use gen.attention=sdpa")
+            raise AttentionError(f"flash-attn disagrees with SDPA on kvbench's cache (max |diff| - "
+                                 f"{FLASH_CHECK_RTOL:g} |SDPA| = {err:.3g}): use the sdpa backend")
         _checked["flash"] = True
     return out

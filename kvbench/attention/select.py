@@ -1,8 +1,9 @@
 """Which attention backend a run uses (`gen.attention`), and whether flash-attn can run here.
 
 The choice is made once per run, before the first forward, from the device, the dtype, whether the policy
-needs attention statistics, and whether the model's attention has sinks or soft-capping (no SDPA or flash
-kernel does either). The record and the memory account name the backend `resolve` returns, so this is the
+needs attention statistics, whether its heads may hold different counts (a mask per KV head, which flash-attn
+takes not), and whether the model's attention has sinks or soft-capping (no SDPA or flash kernel does either). A
+backend that cannot run is `UnsupportedBackend` (kvbench.attention.errors; the config checks name the key). The record and the memory account name the backend `resolve` returns, so this is the
 only place that decides it.
 
 flash-attn is "available" when a device type it supports is present and one tiny kernel call succeeds (a
@@ -13,6 +14,8 @@ device per process (`_flash_works`), a fact about the installed library, not abo
 from __future__ import annotations
 
 import torch
+
+from kvbench.attention.errors import UnsupportedBackend
 
 BACKENDS = ("auto", "sdpa", "flash", "eager", "fused")
 FLASH_DEVICES = {"cuda"}  # device types flash-attn runs on (tests add "cpu" with a stand-in kernel)
@@ -45,7 +48,15 @@ def flash_available(device: str | torch.device = "cuda") -> bool:
     return _flash_works[key]
 
 
-def resolve(backend: str, *, device_type: str, dtype: torch.dtype, needs_attention: bool, manual: bool = False) -> str:
+def check(backend: str, uneven: bool) -> None:
+    """UnsupportedBackend when `backend` cannot run a policy whose heads hold different counts (`uneven`)."""
+    if uneven and backend == "flash":
+        raise UnsupportedBackend("flash", "flash-attn takes no per-head mask: head budgets that differ by head "
+                                 "(head_budget=adaptive) run with sdpa, eager or fused")
+
+
+def resolve(backend: str, *, device_type: str, dtype: torch.dtype, needs_attention: bool, manual: bool = False,
+            uneven: bool = False) -> str:
     """The backend a run really uses (what its record and the memory account name).
 
     auto: on the CPU, `fused` for a policy that needs statistics (measured faster than SDPA + the
@@ -53,24 +64,27 @@ def resolve(backend: str, *, device_type: str, dtype: torch.dtype, needs_attenti
     precision, else SDPA (on CUDA, fused vs SDPA + statistics is not measured yet, so SDPA stays).
     `fused` for a policy that needs no statistics is SDPA (there is nothing to fuse).
     `manual`: the model's attention has sinks or soft-capping (no SDPA or flash kernel does both): `fused`
-    unless `eager` was asked for.
+    unless `eager` was asked for. `uneven`: the policy's heads may hold different counts: never flash (auto: SDPA;
+    flash asked for: UnsupportedBackend).
     """
+    check(backend, uneven)
     if manual:
         return "eager" if backend == "eager" else "fused"
     if backend == "auto":
         if needs_attention and device_type == "cpu":
             return "fused"
         half = dtype in (torch.float16, torch.bfloat16)
-        return "flash" if half and flash_available(device_type) else "sdpa"
+        return "flash" if half and not uneven and flash_available(device_type) else "sdpa"
     if backend == "fused" and not needs_attention:
         return "sdpa"
     return backend
 
 
-def resolve_backend(backend: str, model, needs_attention: bool = False) -> str:
-    """`resolve` for a loaded model."""
-    from kvbench.models.family import kinds
+def resolve_backend(backend: str, model, needs_attention: bool = False, uneven: bool = False, kinds=None) -> str:
+    """`resolve` for a loaded model; `kinds`: its attention kinds (kvbench.models.family), read when not given."""
+    if kinds is None:
+        from kvbench.models.family import kinds as read
 
-    k = kinds(model.config)
+        kinds = read(model.config)
     return resolve(backend, device_type=model.device.type, dtype=model.dtype, needs_attention=needs_attention,
-                   manual=k.sinks or k.softcap is not None)
+                   manual=kinds.sinks or kinds.softcap is not None, uneven=uneven)

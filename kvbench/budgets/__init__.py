@@ -1,14 +1,36 @@
-"""Budgets as their own room: how many pairs each (layer, sample, KV head) of a batch may hold.
+"""Budgets: how many KV pairs each (layer, sample, KV head) of a batch may hold; every budget question is answered
+here (a "budget" is always a count of KV pairs; memory is a limit, kvbench.memory).
 
-    rules.py   the arithmetic of a policy's budget knobs (kv_size, per-prompt shares, min_budget, keep,
-               protected recent pairs, capacities), pure functions of the knobs
-    adakv.py   AdaKV's allocation rule: a layer's pairs across its KV heads by score (pure)
-    room.py    `Budgets`, the (layer x sample x KV head) counts of one batch, set after prefill from attention
-               under adaptive head budgets; read by the cache, the schedule and the memory account
+    knobs.py           the arithmetic of a policy's budget knobs (kv_size, per-prompt shares, min_budget, keep,
+                       protected recent pairs, capacities), pure functions of the knobs
+    rule.py            budget rules: `HeadRule` (a layer's pairs over its KV heads, `policy.head_budget`) and
+                       `LayerRule` (a sample's budget over its layers, `policy.layer_budget`), found by name
+    uniform_heads.py, adaptive_heads.py     the head rules: uniform; AdaKV's split by score
+    uniform_layers.py, pyramid_layers.py   the layer rules: uniform; PyramidKV's pyramid
+    room.py            `Budgets`, the (layer x sample x KV head) counts of one batch, read by the cache, the schedule
+                       and the memory account
+    question.py        query-agnostic runs: the room a compressed context leaves its question
+
+A new rule is one file here (kvbench.budgets.rule says what it answers).
 """
 
-from kvbench.budgets import adakv, rules
+from kvbench.budgets.knobs import (
+    AFTER_PREFILL,
+    SCHEDULES,
+    capacities,
+    decode_capacity,
+    head_slots,
+    is_int,
+    keep,
+    layer_budgets,
+    min_budget,
+    recent_pairs,
+    sample_budgets,
+    validate,
+)
 from kvbench.budgets.room import Budgets
-from kvbench.budgets.rules import AFTER_PREFILL, HEAD_BUDGETS, SCHEDULES
+from kvbench.budgets.rule import HeadRule, LayerRule, head_rule, head_rules, layer_rule, layer_rules
 
-__all__ = ["AFTER_PREFILL", "HEAD_BUDGETS", "SCHEDULES", "Budgets", "adakv", "rules"]
+__all__ = ["AFTER_PREFILL", "SCHEDULES", "Budgets", "HeadRule", "LayerRule", "capacities", "decode_capacity",
+           "head_rule", "head_rules", "head_slots", "is_int", "keep", "layer_budgets", "layer_rule", "layer_rules",
+           "min_budget", "recent_pairs", "sample_budgets", "validate"]

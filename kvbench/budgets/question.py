@@ -4,7 +4,7 @@ question. One rule, read by the engine after loading and by the preflight before
 Before the question's q_b tokens are prefilled, a sample whose layer holds n_b context pairs under a budget k_b
 evicts when n_b + q_b > k_b, down to min(k_b - p, k_b - q_b) pairs (`context_keep`; after_prefill: to k_b, the
 question then kept like generated tokens). An eviction keeps the protected pairs (`protect_first` sinks and the
-newest `rules.recent_pairs`) and one more, so a question of q_b >= k_b - protected tokens leaves no room
+newest `knobs.recent_pairs`) and one more, so a question of q_b >= k_b - protected tokens leaves no room
 (`no_room`). The engine (kvbench.engine.evictions.compress_context) asks it of the pairs it holds; the preflight
 (kvbench.config.preflight.check_question_room) of each prompt's context length, per full-attention layer (the
 ones a policy compresses; windowed layers keep their window and need no room): when `no_room` holds, a context
@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.budgets.rules import once, recent_pairs
+from kvbench.budgets.knobs import recent_pairs
 
 
 def context_keep(policy, budget: torch.Tensor, question: torch.Tensor) -> torch.Tensor:
     """Context pairs an eviction before the question keeps, per row (budget and question broadcast, e.g. (B,)):
     the budget under after_prefill, else min(k - p, k - q)."""
-    if once(policy):
+    if policy.once:
         return budget.expand(torch.broadcast_shapes(budget.shape, question.shape))
     return torch.minimum(budget - policy.evict_every, budget - question)
 
@@ -35,7 +35,7 @@ def no_room(policy, budget: torch.Tensor, held: torch.Tensor, question: torch.Te
     """Bool, per row (broadcast shapes): the row must evict before its question (held + q > budget) and what
     the eviction would keep is below its protected pairs + 1. Never under after_prefill (one compression to the
     budget, the question kept beside it)."""
-    if once(policy):
+    if policy.once:
         return torch.zeros(torch.broadcast_shapes(budget.shape, held.shape, question.shape), dtype=torch.bool)
     return (held + question > budget) & (context_keep(policy, budget, question) < protected(policy, budget) + 1)
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.budgets import rules
+from kvbench.budgets import head_rule, knobs
 from kvbench.cache import heads, rotate
 from kvbench.cache.layout import to_device
-from kvbench.policies.base import Policy, ScoreStats
+from kvbench.policies.base import Policy, ScoreContext
 
 INF = float("inf")
 
@@ -126,23 +126,25 @@ def evict(g, rows: torch.Tensor, keep: torch.Tensor, policy: Policy, *, seen: to
         N, dev, every = int(n_rows.max()), g.device, bool(rows.all())
         h = to_device({  # every host index tensor of this eviction in one non-blocking copy (no device sync)
             "sel": None if every else rows.nonzero()[:, 0], "last": seen[rows] - 1, "n": n_rows, "keep": k_rows,
-            "layers": torch.tensor(g.layers, device="cpu"), "recent": rules.recent_pairs(policy, budget)[rows],
-            "qpos": qpos[rows] if policy.query_window else None,
+            "layers": torch.tensor(g.layers, device="cpu"), "recent": knobs.recent_pairs(policy, budget)[rows],
+            "qpos": qpos[rows] if policy.needs.queries else None,
             "shift": k_rows - n_rows if g.q is not None and inv_freq is not None else None}, dev)
         sel = slice(None) if every else h["sel"]
         last = h["last"][None, :, None, None]
         t = {name: x[:, sel, :, :N] for name, x in g.tensors().items() if x.dim() == 4}  # (L, B', H, N) each
-        stats = ScoreStats(
+        stats = ScoreContext(
             pos=t["pos"], last=last, sum_w=t.get("sum_w"), last_w=t.get("last_w"),
             n=h["n"][None, :, None, None], layers=h["layers"][:, None, None, None],
-            keys=g.k[:, sel, :, :N] if policy.needs_keys else None,
-            queries=g.q[:, sel] if policy.query_window else None,
-            query_pos=h["qpos"][None, :, None, :] if policy.query_window else None,
+            keys=g.k[:, sel, :, :N] if policy.needs.keys else None,
+            values=g.v[:, sel, :, :N] if policy.needs.values else None,
+            queries=g.q[:, sel] if policy.needs.queries else None,
+            query_pos=h["qpos"][None, :, None, :] if policy.needs.queries else None,
             scale=scale,
         )
+        uneven = head_rule(policy).needs_score
         ranked = rank(policy.score(stats), t["pos"], last, h["n"], policy.protect_first, h["recent"])
-        if policy.head_budget == "adaptive":  # AdaKV: each head its own count, the layer's total the budget's
-            c, host = heads.counts(ranked, h["keep"], policy.head_floor)
+        if uneven:  # a head rule that chooses the counts (AdaKV): each head its own, the layer's total the budget's
+            c, host = heads.counts(ranked, h["keep"], policy)
             kept = select(ranked, t["pos"], last, h["n"], c, 0, h["recent"], most=int(host.max()), ragged=True,
                           ranked=True)
         else:
@@ -152,7 +154,7 @@ def evict(g, rows: torch.Tensor, keep: torch.Tensor, policy: Policy, *, seen: to
         gather(g, sel, kept, t, N, gather_layers, inv_freq)
         if h["shift"] is not None:  # kept queries follow the newest pairs
             rotate.queries_follow(g, sel, h["shift"][None, :, None, None], inv_freq)
-        if policy.head_budget == "adaptive":
+        if uneven:
             g.n = heads.record(g, rows, sel, c, host, keep)
             return host
     g.n = torch.where(rows, keep, g.n)

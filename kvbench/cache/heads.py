@@ -1,6 +1,6 @@
 """Per-head counts in a group of layers under adaptive head budgets (`policy.head_budget=adaptive`, AdaKV).
 
-An eviction chooses how many pairs each (layer, sample, KV head) keeps (kvbench.budgets.adakv) and each head
+An eviction chooses how many pairs each (layer, sample, KV head) keeps (the policy's head rule, kvbench.budgets.rule: AdaKV's in kvbench/budgets/adaptive_heads.py) and each head
 keeps its best ones, packed at the front of its slots in position order. Slots stay aligned across heads (a
 forward writes every head's new pair at the same slot), so a sample's count n_b becomes its largest head's
 and a head holding c < n_b pairs has a hole at slots [c, n_b) until the next eviction (`gap_end` = n_b right
@@ -10,7 +10,7 @@ after it; every later write lands past it). Per group:
     gap_end  (B,)         the sample's count right after it (on the group's device)
 
 Attention then masks each head's hole (`layer_step`: a (B, H_kv, T, N) mask per layer); the cache's memory is
-the largest head's (`kvbench.budgets.rules.head_slots` bounds it before the run, the memory account charges
+the largest head's (`kvbench.budgets.head_slots` bounds it before the run, the memory account charges
 that bound).
 """
 
@@ -20,12 +20,12 @@ import dataclasses
 
 import torch
 
-from kvbench.budgets import adakv
+from kvbench.budgets import head_rule
 
 
-def counts(ranked: torch.Tensor, keep: torch.Tensor, share: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """AdaKV's counts (L, B', H) for scores `ranked` as `select` ranks them; (on the device, on the CPU)."""
-    c = adakv.head_counts(ranked, keep, share)
+def counts(ranked: torch.Tensor, keep: torch.Tensor, policy) -> tuple[torch.Tensor, torch.Tensor]:
+    """The head rule's counts (L, B', H) for scores `ranked` as `select` ranks them; (on the device, on the CPU)."""
+    c = head_rule(policy).counts(policy, ranked, keep)
     return c, c.cpu()  # the one device sync of an adaptive eviction: the slots a sample holds now
 
 

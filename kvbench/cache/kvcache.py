@@ -17,10 +17,12 @@ from typing import ClassVar
 import torch
 from transformers.cache_utils import Cache
 
+from kvbench.attention.static import StaticStep
 from kvbench.budgets import Budgets
 from kvbench.cache import evict as eviction
 from kvbench.cache import heads, window
 from kvbench.cache.layout import Step, device_steps, layout_forward
+from kvbench.cache.sink import LayerSink
 from kvbench.cache.storage import Group, form_groups, nbytes_for
 from kvbench.cache.views import LayerView
 from kvbench.policies.base import Policy
@@ -40,7 +42,6 @@ class KVCache(Cache):
                  rope_inv_freq: torch.Tensor | None = None, budgets: torch.Tensor | None = None, windows=None):
         self.batch_size_, self.heads, self.head_dim, self.dtype = batch_size, num_kv_heads, head_dim, dtype
         self.q_heads, self.query_window = num_q_heads or num_kv_heads, query_window
-        self.query_scale: float | None = None  # the attention's softmax scale, seen at the first forward
         self.rope_inv_freq = None if rope_inv_freq is None else rope_inv_freq.detach().float().cpu()  # (R/2,)
         self.track_attention, self.gather_layers = track_attention, max(1, gather_layers)
         self.num_layers = len(layer_devices)
@@ -147,16 +148,18 @@ class KVCache(Cache):
         g, i = self._where[layer]
         return g.write(i, self.step_for(layer), k, v)
 
-    def remember_queries(self, layer: int, query: torch.Tensor, scaling: float) -> None:
-        """Keep the newest `query_window` real queries of `layer` (query (B, H_q, T, D), RoPE applied)."""
-        g, i = self._where[layer]
-        g.q[i] = window.remember(g.q[i], self.step_for(layer).q_src, query)
-        self.query_scale = scaling
+    def sink(self, layer: int) -> LayerSink:
+        """Where `layer`'s attention puts the policy's statistics this forward (kvbench.cache.sink)."""
+        sink = self._steps.get(("sink", layer))
+        if sink is None:
+            g, i = self._where[layer]
+            sink = self._steps[("sink", layer)] = LayerSink(g, i, self.step_for(layer))
+        return sink
 
-    def accumulate(self, layer: int, w_sum: torch.Tensor, w_last: torch.Tensor) -> None:
-        """Add a forward's attention statistics (B, H_kv, N) of `layer` (pads already excluded)."""
-        g, i = self._where[layer]
-        g.accumulate(i, self.step_for(layer), w_sum, w_last)
+    def attention_step(self, backend: str, score_chunk: int) -> StaticStep:
+        """The object attention receives for every forward over this cache (kvbench.attention.static)."""
+        return StaticStep(layout=self.step_for, sink=self.sink, backend=backend, score_chunk=score_chunk,
+                          timer=self.timer)
 
     # ------------------------------------------------------------------ between forwards
     def evict(self, rows: torch.Tensor, keep, policy: Policy, group: Group | None = None) -> None:
@@ -166,7 +169,7 @@ class KVCache(Cache):
             return
         keep = torch.as_tensor(keep, dtype=torch.long, device="cpu").expand(self.batch_size_)
         for g in [g for g in self._groups if g.sliding is None] if group is None else [group]:  # never a window
-            c = eviction.evict(g, rows, keep, policy, seen=self.seen, qpos=self.qpos, scale=self.query_scale,
+            c = eviction.evict(g, rows, keep, policy, seen=self.seen, qpos=self.qpos, scale=g.scale,
                                inv_freq=self.rope_inv_freq, gather_layers=self.gather_layers)
             if c is not None and self.room is not None:  # the heads' counts an adaptive eviction chose
                 self.room.set_heads(g.layers, rows, c)

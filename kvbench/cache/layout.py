@@ -36,6 +36,7 @@ class Step:
     seqlens: torch.Tensor  # (B,) int32 count per sample after the write (flash-attn's cache_seqlens)
     q_src: torch.Tensor | None = None  # (B, W) source of each kept query in cat(kept queries, chunk)
     window: int | None = None  # the group's sliding window (the mask is a band; flash gets window_size)
+    longest: int = 0  # the most tokens a sample has processed after this forward
 
 
 def right_aligned(r: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,7 +57,7 @@ def layout_forward(groups, seen: torch.Tensor, r: torch.Tensor, width: int) -> t
     real, j = right_aligned(r, T)
     positions = torch.where(real, seen[:, None] + j, torch.zeros_like(j))
     shared = dict(b_idx=torch.arange(B, device="cpu")[:, None].expand(B, T), positions=positions.to(torch.int32), real=real,
-                  all_real=bool(real.all()), active=r > 0, T=T, j=j)
+                  all_real=bool(real.all()), active=r > 0, T=T, j=j, longest=int((seen + r).max()))
     per_group = []
     for g in groups:
         n_old, n_new = g.n, g.n + r
@@ -155,4 +156,5 @@ def step(shared: dict, mine: dict, device: torch.device, dev: dict | None = None
         seqlens=dev[f"seqlens{i}"],
         q_src=dev["q_src"],
         window=mine["flash_window"],
+        longest=shared["longest"],
     )

@@ -53,6 +53,7 @@ class Group:
         self.sum_w = torch.zeros(L, batch, heads, S, dtype=torch.float32, device=self.device) if track else None
         self.last_w = torch.zeros_like(self.sum_w) if track else None
         self.q = torch.zeros(L, batch, q_heads, window, head_dim, dtype=dtype, device=self.device) if window else None
+        self.scale: float | None = None  # the attention's softmax scale, seen by the first forward that kept queries
         self.k_src = torch.zeros_like(self.k) if rerotate else None  # keys as written (re-rotation's source)
         self.rot = torch.zeros_like(self.pos) if rerotate else None  # the rotary position each was written at
 
@@ -89,16 +90,6 @@ class Group:
             self.last_w[i][st.b_idx, :, st.slot] = 0.0
         N = st.n_keys
         return K[:, :, :N], V[:, :, :N]
-
-    def accumulate(self, i: int, st, w_sum: torch.Tensor, w_last: torch.Tensor) -> None:
-        """Add a forward's attention statistics (B, H_kv, N) of layer i (pads already excluded)."""
-        N = w_sum.shape[-1]
-        self.sum_w[i][:, :, :N] += w_sum
-        lw = self.last_w[i][:, :, :N]
-        if st.all_real:  # every sample brought a query (always so while decoding)
-            lw.copy_(w_last)
-        else:  # samples with no token in this forward keep their newest query's row
-            lw.copy_(torch.where(st.active[:, None, None], w_last, lw))
 
     def resize(self, capacity: int) -> None:
         """Reallocate to `capacity` slots (must hold every sample's pairs), freeing the rest."""

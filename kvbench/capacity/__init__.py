@@ -12,7 +12,7 @@ from the same account the runs are budgeted with (kvbench.memory), on a node des
   node's per-GPU memory, exactly as `from_pretrained` would place them; a loader that does not split
   (GGUF, tiny) puts everything on one device, as it does when it loads;
 - the node: `plan.gpus` x `plan.gpu_mem_mib`, else the GPUs of `model.max_memory` (each capped at
-  `memory.budget_gb` when set), else the CPU under the accounted `memory.budget_gb`; on every device
+  `memory.limit_gb` when set), else the CPU under the accounted `memory.limit_gb`; on every device
   `memory.reserve_gb` is taken off the memory limit (the CUDA context and allocator slack the account
   does not see);
 - the prompts: the task's real prompt lengths (its tokenizer, `data.dir` or the Hub: the preflight's

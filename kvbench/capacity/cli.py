@@ -49,10 +49,12 @@ def preflight(argv: list[str]) -> None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from kvbench.cli import HELP_FLAGS, split_argv
+    from kvbench.config.checks import refuse_renamed
 
     overrides, multirun, config_name, runs = split_argv(argv)
     if any(a in HELP_FLAGS for a in argv):
         return
+    refuse_renamed(overrides)
     parsed = OverridesParser.create().parse_overrides(overrides)
     jobs = [j for batch in BasicSweeper.split_arguments(parsed, None) for j in batch] if multirun else [overrides]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="kvbench-plan"):

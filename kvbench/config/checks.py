@@ -30,6 +30,18 @@ from kvbench.errors import ConfigError
 DTYPE_NAMES = ("float32", "float16", "bfloat16", "float64")  # kvbench.models.base.DTYPES' names (no torch here)
 
 
+RENAMED = {"memory.budget_gb": "memory.limit_gb"}  # old key -> its name now ("budget" means KV pairs)
+
+
+def refuse_renamed(overrides: list[str]) -> None:
+    """ConfigError naming the new key for an override of a renamed one (Hydra would only say it is unknown)."""
+    for o in overrides:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if key in RENAMED:
+            raise ConfigError(key, f"was renamed {RENAMED[key]} (GiB per device: a real cap on CUDA, an accounted "
+                              "limit on CPU; a budget is a count of KV pairs)")
+
+
 def prepare(cfg: DictConfig) -> None:
     """Apply cfg's presets in place (`apply_presets`), then `check_config`: the config a run uses, or the
     ConfigError a command refuses it with."""
@@ -67,12 +79,12 @@ def check_config(cfg: DictConfig) -> None:
         raise ConfigError("gen.score_chunk", "must be a positive integer", cfg.gen.score_chunk)
     if cfg.data.dir not in (None, "") and not Path(cfg.data.dir).is_dir():
         raise ConfigError("data.dir", "does not exist or is not a directory", cfg.data.dir)
-    b = cfg.memory.budget_gb
+    b = cfg.memory.limit_gb
     if b is not None and not (b > 0 and math.isfinite(b)):
-        raise ConfigError("memory.budget_gb", "must be a positive, finite number of GB (GiB)", b)
+        raise ConfigError("memory.limit_gb", "must be a positive, finite number of GB (GiB)", b)
     r = cfg.memory.reserve_gb
     if not (r >= 0 and math.isfinite(r)) or (b is not None and r >= b):
-        raise ConfigError("memory.reserve_gb", "must be >= 0 GiB and below memory.budget_gb", r)
+        raise ConfigError("memory.reserve_gb", "must be >= 0 GiB and below memory.limit_gb", r)
     if cfg.search.decode_steps <= 0:
         raise ConfigError("search.decode_steps", "must be a positive integer", cfg.search.decode_steps)
     if cfg.search.probe not in ("real", "account"):
@@ -84,9 +96,9 @@ def check_config(cfg: DictConfig) -> None:
 
     on_cpu = resolve_device(cfg.device).type == "cpu"
     if on_cpu and cfg.search.max_batch and b is None:
-        raise ConfigError("memory.budget_gb", "search.max_batch=true on CPU needs an accounted budget (GiB)", b)
+        raise ConfigError("memory.limit_gb", "search.max_batch=true on CPU needs an accounted memory limit (GiB)", b)
     if cfg.search.probe == "account" and not on_cpu:
-        raise ConfigError("search.probe", "account probes exist only on CPU (a GPU's budget is a real cap)", "account")
+        raise ConfigError("search.probe", "account probes exist only on CPU (a GPU's memory limit is a real cap)", "account")
     check_serve(cfg)
     check_plan(cfg)
     check_reproduce(cfg)

@@ -105,7 +105,7 @@ def check_question_room(cfg: DictConfig, lengths: list[int]) -> None:
         return
     import torch
 
-    from kvbench.budgets import question, rules
+    from kvbench.budgets import knobs, question
     from kvbench.models.family import kinds
 
     q = torch.tensor(questions, dtype=torch.long)  # (N,)
@@ -114,7 +114,7 @@ def check_question_room(cfg: DictConfig, lengths: list[int]) -> None:
     seq = torch.tensor(lengths) + q + cfg.gen.max_new_tokens  # (N,) as the engine's batch of one sizes it
     win = torch.tensor([torch.iinfo(torch.long).max if w is None else w for w in windows])  # (L,) None: full
     full = win[:, None] >= seq[None, :]  # (L, N) the layers compressed (a window W >= the sequence cuts nothing)
-    budgets = torch.cat([rules.layer_budgets(policy, [c], len(windows), full[:, b].nonzero()[:, 0].tolist())
+    budgets = torch.cat([knobs.layer_budgets(policy, [c], len(windows), full[:, b].nonzero()[:, 0].tolist())
                          for b, c in enumerate(context.tolist())], dim=1)  # (L, N): each prompt's own pyramid
     bad = full & question.no_room(policy, budgets, context[None, :], q[None, :])  # (L, N)
     if bool(bad.any()):

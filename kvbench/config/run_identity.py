@@ -9,7 +9,7 @@ every earlier version of kvbench, so it must never change for a run that compute
   what a CPU run recorded, nor the reverse;
 - legacy rules: a key added after records existed is left out while it holds the value that computes
   what the records before it computed, so those records keep their hash:
-  `memory.reserve_gb` at 0 (or null); `policy.rerotate` false; `policy.kv_ratio` and
+  `memory.reserve_gb` at 0 (or null); `memory.limit_gb` hashed under its name before the rename, `budget_gb`; `policy.rerotate` false; `policy.kv_ratio` and
   `policy.compression_ratio` null; `policy.head_budget` uniform and `policy.head_floor` 0.2; all of `serve.*` outside the serve modes; and in them
   `serve.eviction=policy`, the goodput objectives `serve.slo_*` (they change no computation) and
   `serve.limit_cap` in mode=serve (only serve_limits reads it).
@@ -45,8 +45,9 @@ def _identity_of(container: dict, kind: str) -> dict:
     c["device"] = kind  # resolved: a GPU sweep never matches what a CPU run recorded (nor the reverse)
     # keys added later, at their neutral value, are left out: records made before them keep their identity
     # (copies: a stored record's config is never changed)
-    if isinstance(c.get("memory"), dict) and not c["memory"].get("reserve_gb"):
-        c["memory"] = {k: v for k, v in c["memory"].items() if k != "reserve_gb"}
+    if isinstance(c.get("memory"), dict):  # memory.limit_gb was memory.budget_gb: hashed under that name
+        c["memory"] = {("budget_gb" if k == "limit_gb" else k): v for k, v in c["memory"].items()
+                       if not (k == "reserve_gb" and not v)}
     if isinstance(c.get("policy"), dict):  # keys added later, at their defaults, change no identity
         c["policy"] = {k: v for k, v in c["policy"].items()
                        if not (k == "rerotate" and not v) and not (k in ("kv_ratio", "compression_ratio") and v is None)

@@ -38,7 +38,7 @@ class DataConfig:
 
 @dataclass
 class MemoryConfig:
-    budget_gb: float | None = None  # GiB per device. CUDA: a real cap; CPU: an accounted budget (kvbench.memory)
+    limit_gb: float | None = None  # GiB per device. CUDA: a real cap; CPU: an accounted limit (kvbench.memory)
     reserve_gb: float = 0.0  # GiB per device the account cannot see (CUDA context, allocator slack): taken off the budget
 
 
@@ -74,7 +74,7 @@ class PlanConfig:
     """kvbench-plan: the node and prompts a capacity plan is made for; no run reads it."""
 
     gpus: int | None = None  # GPUs of the node; null: as many as model.max_memory names, else the CPU
-    gpu_mem_mib: int | None = None  # memory per GPU (MiB): placement and budget; null: memory.budget_gb / max_memory
+    gpu_mem_mib: int | None = None  # memory per GPU (MiB): placement and budget; null: memory.limit_gb / max_memory
     prompt_tokens: int | None = None  # every prompt this long (the worst case); null: the task's real prompts
     backends: list[str] = field(default_factory=lambda: ["eager", "sdpa"])  # gen.attention values to plan
     kv_sizes: list[int] | None = None  # the evicting policy's kv sizes; null: [policy.kv_size]
@@ -84,7 +84,7 @@ class PlanConfig:
 class ServeConfig:
     """mode=serve and mode=serve_limits (kvbench.serve): continuous batching over a paged KV pool."""
 
-    num_blocks: int | None = 256  # blocks in the pool; null: as many as memory.budget_gb leaves after the weights
+    num_blocks: int | None = 256  # blocks in the pool; null: as many as memory.limit_gb leaves after the weights
     block_size: int = 16  # tokens per block (policy.kv_size must be a multiple)
     max_tokens_per_step: int = 256  # tokens one forward may process (prefill chunks + decode rows)
     max_running: int | None = None  # most requests running at once; null: as many as the pool admits

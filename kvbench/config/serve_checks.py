@@ -22,8 +22,9 @@ from kvbench.errors import ConfigError
 def check_serve(cfg: DictConfig) -> None:
     """serve.* values (always), serve.eviction's preset, and how they fit the policy (the serve modes only).
     Pure: cfg is the config as it will run (kvbench.config.presets.with_presets)."""
+    from kvbench.budgets import head_rule
+    from kvbench.serve.block_evict import BLOCK_SCORES, BlockRule
     from kvbench.serve.budgets import RequestBudgets
-    from kvbench.serve.evict import BLOCK_SCORES, BlockRule
 
     s = cfg.serve
     for key in ("block_size", "max_tokens_per_step"):
@@ -48,8 +49,8 @@ def check_serve(cfg: DictConfig) -> None:
         raise refusal
     if cfg.mode not in SERVE_MODES:
         return
-    if s.num_blocks is None and cfg.memory.budget_gb is None:
-        raise ConfigError("serve.num_blocks", "null needs memory.budget_gb (the pool is sized from it)", None)
+    if s.num_blocks is None and cfg.memory.limit_gb is None:
+        raise ConfigError("serve.num_blocks", "null needs memory.limit_gb (the pool is sized from it)", None)
     if s.num_blocks is None and cfg.mode == "serve_limits":
         raise ConfigError("serve.num_blocks", "mode=serve_limits counts blocks without loading the model: give "
                           "the pool's size", None)
@@ -73,11 +74,12 @@ def check_serve(cfg: DictConfig) -> None:
         return  # the policy's own error is raised below, naming its override
     if not policy.evicts:
         return
-    if policy.head_budget == "adaptive" and cfg.mode == "serve_limits":
-        raise ConfigError("policy.head_budget", "adaptive head budgets split a layer's pairs by attention scores, "
+    rule = head_rule(policy)
+    if rule.needs_score and cfg.mode == "serve_limits":
+        raise ConfigError("policy.head_budget", f"{policy.head_budget} head budgets split a layer's pairs by scores, "
                           "which mode=serve_limits does not compute (it counts without a model): run mode=serve",
                           policy.head_budget)
-    if policy.head_budget == "adaptive" and not policy.once:
+    if rule.needs_score and not policy.once:
         raise ConfigError("policy.head_budget", "mode=serve splits a layer's budget across KV heads once, when a "
                           "request's prefill ends (AdaKV's protocol): use policy.schedule=after_prefill",
                           policy.head_budget)

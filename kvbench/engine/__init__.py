@@ -10,7 +10,7 @@ explicit true `position_ids` (RoPE sees real positions after eviction) and prefi
 logits except the last position's (`logits_to_keep=1`; intermediate chunks run the decoder only).
 
 Memory: before each batch `generate` computes its accounted peak (`kvbench.memory.account`) and, with a
-`memory_limit`, refuses a batch over it on CPU (`BudgetExceeded`, an out-of-memory) before anything is
+`memory_limit`, refuses a batch over it on CPU (`MemoryLimitExceeded`, an out-of-memory) before anything is
 allocated. `decode_steps` stops a batch early (a memory probe: the cache is still sized for
 `max_new_tokens`); `warmup` runs the first batch once, untimed, before the timed ones (CUDA's lazy initialisation,
 cuBLAS's setup and flash-attn's first-call check are then not in the first batch's `prefill_s`; the runner

@@ -48,8 +48,8 @@ class Batch:
             batch_size=B,
             capacity=layer_capacities(caps, windows, self.lengths, max_new_tokens, widest),
             budgets=self.room,
-            track_attention=policy.needs_attention,
-            query_window=policy.query_window,
+            track_attention=policy.needs.attention,
+            query_window=policy.needs.queries,
             rope_inv_freq=rope_inv_freq(model) if policy.rerotate and policy.evicts else None,
             **geometry,
         )

@@ -10,9 +10,9 @@ from tqdm.auto import tqdm
 
 from kvbench import memory
 from kvbench.attention import SCORE_CHUNK, kv_attention, resolve_backend
+from kvbench.budgets import head_rule
 from kvbench.engine.loop import generate_batch
 from kvbench.engine.output import GenerationOutput
-from kvbench.errors import ConfigError
 from kvbench.models import family
 from kvbench.models.geometry import model_geometry
 from kvbench.policies.base import Policy
@@ -37,37 +37,36 @@ def generate(
     add_special_tokens: bool = True,
     progress: bool = False,
     observer=None,
-    memory_limit: memory.Budget | None = None,
+    memory_limit: memory.MemoryLimit | None = None,
     warmup: bool = False,
     decode_steps: int | None = None,
     attention: str = "auto",
     question_tokens: Sequence[int] | None = None,
+    kinds=None,
 ) -> GenerationOutput:
     """Greedy generation of `prompts` (strings or token ids) in batches under `policy`.
 
     Batches keep the given order (no sorting), so a batch size that divides the sample count gives
     every run the same batches. EOS ids default to the model's generation config. `memory_limit` (bytes per
-    device, `kvbench.memory.Budget`), `warmup`, `decode_steps`: see kvbench.engine; `attention`: auto | sdpa | flash | eager | fused (kvbench.attention; the backend really
+    device, `kvbench.memory.MemoryLimit`), `warmup`, `decode_steps`: see
+    kvbench.engine; `attention`: auto | sdpa | flash | eager | fused (kvbench.attention; the backend really
     used is `out.attention`, and the account charges its transient); `question_tokens`: per prompt, its last
-    tokens that are the question, prefilled after the context's compression (query-agnostic).
+    tokens that are the question, prefilled after the context's compression (query-agnostic); `kinds`: the
+    model's attention kinds (kvbench.models.family) when the caller has read them (`LoadedModel.kinds`). A
+    backend that cannot run the policy raises kvbench.attention.UnsupportedBackend.
     """
     ids = encode(tokenizer, prompts, add_special_tokens) if prompts and isinstance(prompts[0], str) else [
         list(p) for p in prompts]
     if any(len(x) == 0 for x in ids):
         raise ValueError("empty prompt")
-    family.check_policy(model.config, policy, max(map(len, ids)) + max_new_tokens)  # a refused family or an
-    # unsuitable policy: ConfigError
+    # a refused family or an unsuitable policy: ConfigError; the model's kinds read once, here or by the caller
+    kinds = family.check_policy(model.config, policy, max(map(len, ids)) + max_new_tokens, kinds)
     if eos_token_ids is None:
         eos_token_ids = eos_ids(model, tokenizer)
     pad = pad_id(model, tokenizer)
-    geometry = model_geometry(model)
-    shape = memory.ModelShape.of(model)
-    backend = resolve_backend(attention, model, policy.needs_attention)
-    if policy.head_budget == "adaptive" and backend == "flash":  # flash-attn takes no mask per KV head
-        if attention != "auto":
-            raise ConfigError("gen.attention", "flash takes no per-head mask: adaptive head budgets run with sdpa, "
-                              "eager or fused", attention)
-        backend = "sdpa"
+    geometry = model_geometry(model, kinds)
+    shape = memory.ModelShape.of(model, kinds)
+    backend = resolve_backend(attention, model, policy.needs.attention, head_rule(policy).uneven, kinds)
     out = GenerationOutput(token_ids=[], prompt_tokens=[len(x) for x in ids], attention=backend)
     qs = list(question_tokens) if question_tokens is not None else [0] * len(ids)
     batches = [(ids[s : s + batch_size], qs[s : s + batch_size]) for s in range(0, len(ids), batch_size)]
@@ -89,9 +88,9 @@ def generate(
         return generate_batch(model, batch, policy, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,
                               pad_token_id=pad, ignore_eos=ignore_eos, prefill_chunk=prefill_chunk,
                               observer=observer, geometry=geometry, decode_steps=decode_steps,
-                              question_tokens=question)
+                              question_tokens=question, attention=backend, score_chunk=score_chunk)
 
-    with kv_attention(model, score_chunk=score_chunk, backend=backend, needs_attention=policy.needs_attention):
+    with kv_attention(model):
         if warmup:
             run(*batches[0])  # untimed, not counted
         for batch, question in batches:  # the accounts' replay is not part of wall_s
@@ -101,7 +100,7 @@ def generate(
                                     leave=False):
             out.add(*run(batch, question))
     out.wall_s = time.perf_counter() - t0
-    if policy.needs_attention and backend in ("eager", "fused"):
+    if policy.needs.attention and backend in ("eager", "fused"):
         out.attn_stats_s = None
     return out
 

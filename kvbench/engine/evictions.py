@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.budgets import question, rules
+from kvbench.budgets import knobs, question
 from kvbench.cache import KVCache
 from kvbench.cache.evict import trim_windows
 from kvbench.policies.base import Policy
@@ -27,8 +27,8 @@ def evict_before_forward(cache: KVCache, r: torch.Tensor, policy: Policy, prefil
         return
     with cache.timer("evict", cache.devices):
         for g, rows in evictions:
-            cache.evict(rows, rules.keep(policy, g.budget), policy, group=g)
-            need = rules.decode_capacity(policy, int(g.budget.max()), max_new_tokens, cache.heads)
+            cache.evict(rows, knobs.keep(policy, g.budget), policy, group=g)
+            need = knobs.decode_capacity(policy, int(g.budget.max()), max_new_tokens, cache.heads)
             if not prefill and g.capacity > need and int(g.n.max()) < need:
                 cache.resize(need, group=g)  # the prompt is compressed: give its memory back
     if observer:
@@ -56,7 +56,7 @@ def compress_context(cache: KVCache, q: torch.Tensor, policy: Policy, observer, 
             rows = g.load > k if policy.once else g.load + q > k
             if bool(rows.any()):
                 cache.evict(rows, keep, policy, group=g)
-            need = rules.decode_capacity(policy, int(k.max()), max_new_tokens + int(q.max()), cache.heads)
+            need = knobs.decode_capacity(policy, int(k.max()), max_new_tokens + int(q.max()), cache.heads)
             if g.capacity > need and int(g.n.max()) < need:
                 cache.resize(need, group=g)  # the context is compressed: give its memory back
     if observer:

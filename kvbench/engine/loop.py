@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
+from kvbench.attention import SCORE_CHUNK
 from kvbench.cache import KVCache
 from kvbench.cache.layout import to_device
 from kvbench.engine.batch import Batch
@@ -29,8 +30,9 @@ class Forward:
     """One model forward over a (B, T) chunk with the cache: true positions, logits of the last position only
     (`logits=True`) or none (an intermediate prefill chunk runs the decoder alone)."""
 
-    def __init__(self, model, cache: KVCache, observer):
+    def __init__(self, model, cache: KVCache, observer, attention: str, score_chunk: int):
         self.model, self.cache, self.observer = model, cache, observer
+        self.step = cache.attention_step(attention, score_chunk)  # what attention reads (kvbench.attention.static)
         self.dev = model.get_input_embeddings().weight.device
         self.base = model.get_decoder()
         self.names = cache_kwarg(model), cache_kwarg(self.base)  # `cache` from transformers 5.24 on
@@ -40,7 +42,7 @@ class Forward:
         positions = cache.begin_forward(r, tokens.shape[1])  # (B, T)
         host = to_device({"ids": tokens if tokens.device.type == "cpu" else None, "pos": positions}, self.dev)
         kw = {"input_ids": tokens if host["ids"] is None else host["ids"], "position_ids": host["pos"],
-              "use_cache": True, "kvbench_cache": cache, (self.names[0] if logits else self.names[1]): cache}
+              "use_cache": True, "kvbench_step": self.step, (self.names[0] if logits else self.names[1]): cache}
         out = None
         if logits:
             out = self.model(**kw, logits_to_keep=1).logits[:, -1]  # (B, V)
@@ -95,8 +97,9 @@ def generate_batch(model, ids: list[list[int]], policy: Policy, *, max_new_token
                    eos_token_ids: Sequence[int] = (), pad_token_id: int = 0, ignore_eos: bool = False,
                    prefill_chunk: int | None = None, observer=None, geometry: dict | None = None,
                    decode_steps: int | None = None, question_tokens: list[int] | None = None,
-                   ) -> tuple[list[list[int]], dict]:
-    """Greedy-generate for one batch of token-id prompts. Returns (token ids per prompt, stats).
+                   attention: str = "sdpa", score_chunk: int = SCORE_CHUNK) -> tuple[list[list[int]], dict]:
+    """Greedy-generate for one batch of token-id prompts (inside `kvbench.attention.kv_attention(model)`).
+    Returns (token ids per prompt, stats). `attention`: the backend, already resolved (kvbench.attention.resolve).
 
     `decode_steps`: stop after this many decode steps (a probe); the cache is sized for max_new_tokens.
     `question_tokens`: per prompt, its last tokens that are the question (query-agnostic, kvbench.engine).
@@ -106,18 +109,18 @@ def generate_batch(model, ids: list[list[int]], policy: Policy, *, max_new_token
         question_tokens = None
     batch = Batch(model, ids, policy, max_new_tokens, pad_token_id, geometry, prefill_chunk, question_tokens)
     try:
-        return run_batch(model, batch, policy, max_new_tokens, eos_token_ids, pad_token_id, ignore_eos,
+        forward = Forward(model, batch.cache, observer, attention, score_chunk)
+        return run_batch(batch, policy, forward, max_new_tokens, eos_token_ids, pad_token_id, ignore_eos,
                          observer, decode_steps)
     finally:  # on every path (return, EOS, OOM, interrupt): the cache's tensors go now, not at the next gc
         batch.cache.release()
 
 
-def run_batch(model, batch: Batch, policy: Policy, max_new_tokens, eos_token_ids, pad_token_id, ignore_eos,
-              observer, decode_steps) -> tuple[list[list[int]], dict]:
+def run_batch(batch: Batch, policy: Policy, forward: Forward, max_new_tokens, eos_token_ids, pad_token_id,
+              ignore_eos, observer, decode_steps) -> tuple[list[list[int]], dict]:
     """Prefill then decode one built batch, timed; the stats `GenerationOutput.add` reads."""
     cache = batch.cache
     allocated = cache.allocated_bytes()  # the largest: a cache only shrinks (decode_only resize)
-    forward = Forward(model, cache, observer)
     dev = forward.dev
     eos = torch.tensor(list(eos_token_ids), dtype=torch.long, device=dev)
     sync(dev)

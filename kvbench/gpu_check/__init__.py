@@ -27,7 +27,7 @@ Checks (`"check"` in each line), in this order (estimated 5-10 minutes on one H1
   offload       one layer offloaded to CPU RAM by accelerate (parameters on meta between forwards): the
                 same tokens as on the GPU alone, no weights filed under meta, the layer's weights charged
                 as its device's transient.
-  search        a real-OOM search (`search.max_batch=true` under `memory.budget_gb`, CUDA's own cap): the
+  search        a real-OOM search (`search.max_batch=true` under `memory.limit_gb`, CUDA's own cap): the
                 searched largest batch and b0 next to the accounted prediction (within one candidate),
                 and after each out-of-memory trial memory back at its level (`leaked_bytes` 0).
   two_batches   two full batches in a row at the searched largest batch, under the same cap, no OOM

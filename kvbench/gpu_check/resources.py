@@ -112,11 +112,11 @@ def check_search_and_two_batches(args, tmp, base: Sequence[str] = GPU) -> list[d
 def _search_and_two_batches(common, lm, memory_limit_gb, candidates, predicted, predicted_b0) -> list[dict]:
     from kvbench import run as kvrun
 
-    limit = f"memory.budget_gb={memory_limit_gb}"
+    limit = f"memory.limit_gb={memory_limit_gb}"
     rec = kvrun.run(compose(*common, "search.max_batch=true", "search.only=true", limit), lm=lm)
     s = rec.get("search") or {}
     leaked = [t["leaked_bytes"] for t in s.get("trials", []) if t["status"] == "oom"]
-    out = [{"check": "search", "budget_gb": round(memory_limit_gb, 4),
+    out = [{"check": "search", "limit_gb": round(memory_limit_gb, 4),
             "oom_kind": [t.get("oom_kind") for t in s.get("trials", [])],
             **search_check(candidates, s.get("max_batch_size"), s.get("first_oom_batch_size"), predicted,
                            predicted_b0, leaked)}]

@@ -74,7 +74,7 @@ def check_serve(args) -> list[dict]:
     import torch
 
     from kvbench.policies import Full
-    from kvbench.serve import attention as paged
+    from kvbench.serve import paged_attention as paged
     from kvbench.serve.engine import serve
     from kvbench.serve.request import Request
 

@@ -1,6 +1,6 @@
 """Memory: the accounted peak of a batch, the memory limit it is admitted under, the CUDA cap, measurements.
 
-`memory.budget_gb` (GiB, 2**30 bytes, per device) is a real cap on CUDA
+`memory.limit_gb` (GiB, 2**30 bytes, per device) is a real cap on CUDA
 (`torch.cuda.set_per_process_memory_fraction`: an out-of-memory is the allocator's own) and an
 *accounted* limit on CPU: before a batch runs, `account` computes its peak and a batch over the limit
 raises `MemoryLimitExceeded` (an `OutOfMemory`: the run is an "oom") before anything is allocated. On
@@ -13,7 +13,7 @@ Modules, pure arithmetic first, side effects last (imports go down this list, ne
 * `terms`: transient bytes of one forward, one eviction, one window trim; a cache's bytes.
 * `accounting`: `account`, the batch's schedule replayed on counts, the largest term per device (its
   docstring has the formulas); `Account`, `Footprint`.
-* `limit`: `MemoryLimit` (memory.budget_gb less memory.reserve_gb) and admission (`MemoryLimitExceeded`,
+* `limit`: `MemoryLimit` (memory.limit_gb less memory.reserve_gb) and admission (`MemoryLimitExceeded`,
   `ModelDoesNotFit`).
 * `cap`: `apply_cuda_cap`, the limit made real on every GPU.
 * `oom`: what counts as an out-of-memory and whether it was accounted or measured.
@@ -27,15 +27,7 @@ from __future__ import annotations
 
 from kvbench.memory.accounting import Account, Footprint, GiB, account, replay
 from kvbench.memory.cap import apply_cuda_cap
-from kvbench.memory.limit import (
-    Budget,
-    BudgetExceeded,
-    MemoryLimit,
-    MemoryLimitExceeded,
-    ModelDoesNotFit,
-    budget_of,
-    memory_limit_of,
-)
+from kvbench.memory.limit import MemoryLimit, MemoryLimitExceeded, ModelDoesNotFit, memory_limit_of
 from kvbench.memory.measure import (
     cuda_devices,
     measured_peaks,
@@ -62,8 +54,8 @@ from kvbench.memory.terms import (
 
 __all__ = [
     "EVICT_BYTES", "GATHER_LAYERS", "HIDDEN_BUFFERS", "ID_BUFFERS", "OOM_KINDS", "OOM_MESSAGES", "ROPE_BUFFERS",
-    "ROTATE_ACC", "Account", "Budget", "BudgetExceeded", "Footprint", "GiB", "MemoryLimit", "MemoryLimitExceeded",
-    "ModelDoesNotFit", "ModelShape", "account", "apply_cuda_cap", "budget_of", "cache_bytes", "cpu_sdpa_workspace",
+    "ROTATE_ACC", "Account", "Footprint", "GiB", "MemoryLimit", "MemoryLimitExceeded",
+    "ModelDoesNotFit", "ModelShape", "account", "apply_cuda_cap", "cache_bytes", "cpu_sdpa_workspace",
     "cuda_devices", "evict_bytes", "forward_bytes", "is_oom", "measured_peaks", "memory_level", "memory_limit_of",
     "oom_kind", "release", "replay", "reserved_peaks", "reset_peaks", "trim_bytes",
 ]

@@ -68,7 +68,7 @@ from dataclasses import dataclass
 import torch
 
 from kvbench.attention import BACKENDS, resolve
-from kvbench.budgets import rules
+from kvbench.budgets import knobs
 from kvbench.cache import form_groups, layer_capacities
 from kvbench.memory.shape import ModelShape
 from kvbench.memory.terms import cache_bytes, evict_bytes, forward_bytes, trim_bytes
@@ -137,7 +137,7 @@ def replay(lengths: list[int], policy, max_new_tokens: int, prefill_chunk: int |
                 continue
             rows = rows_to_evict(ns[gi], r, policy, prefill, budget, first_decode=i == len(chunks))
             if rows is not None:
-                keep = torch.minimum(rules.head_slots(policy, policy.keep(budget), heads), ns[gi])  # the largest head
+                keep = torch.minimum(knobs.head_slots(policy, knobs.keep(policy, budget), heads), ns[gi])  # the largest head
                 evictions.add((gi, int(ns[gi][rows].max()), int(rows.sum()), int(keep[rows].max())))
                 ns[gi] = torch.where(rows, keep, ns[gi])
         ns = [n + r for n in ns]
@@ -167,15 +167,15 @@ def account(
     layer_devices = [dev for dev, L in s.layers.items() for _ in range(L)]
     windows = effective_windows(list(s.windows) or [None] * len(layer_devices), longest + max_new_tokens)
     full = [w is None for w in windows]
-    budgets = rules.layer_budgets(policy, lengths, len(layer_devices), [i for i, f in enumerate(full) if f])  # (L, B)
+    budgets = knobs.layer_budgets(policy, lengths, len(layer_devices), [i for i, f in enumerate(full) if f])  # (L, B)
     full_budgets = None if budgets is None or not any(full) else budgets[full]
     widest = max(int(r.max()) for r in prefill_chunks(lengths, policy, prefill_chunk, full_budgets))
-    caps = layer_capacities(rules.capacities(policy, lengths, max_new_tokens, budgets, s.kv_heads), windows, lengths,
+    caps = layer_capacities(knobs.capacities(policy, lengths, max_new_tokens, budgets, s.kv_heads), windows, lengths,
                             max_new_tokens, widest)
     groups = form_groups(layer_devices, caps, budgets, windows)
     if budgets is None:  # the full cache: one row of "never" budgets
         groups = [(d, ls, c, torch.full((B,), c, dtype=torch.long, device="cpu"), w) for d, ls, c, _, w in groups]
-    scored = policy.needs_attention
+    scored = policy.needs.attention
     forwards, evictions = replay(lengths, policy, max_new_tokens, prefill_chunk, groups, full_budgets, s.kv_heads)
     devices = {}
     for dev in s.layers:
@@ -194,7 +194,7 @@ def account(
             _, layers, cap, row, window = groups[gi]
             if window is not None:
                 continue
-            need = rules.decode_capacity(policy, int(row.max()), max_new_tokens, s.kv_heads)
+            need = knobs.decode_capacity(policy, int(row.max()), max_new_tokens, s.kv_heads)
             if policy.evicts and cap > need and any(e[0] == gi for e in evictions):
                 transients.append(cache_bytes(s, B, len(layers), need, policy))
         kv = sum(cache_bytes(s, B, len(groups[gi][1]), groups[gi][2], policy, groups[gi][4]) for gi in mine)

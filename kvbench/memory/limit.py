@@ -1,4 +1,4 @@
-"""Admission: a run's memory limit (`memory.budget_gb`, GiB per device) and the batches it lets through.
+"""Admission: a run's memory limit (`memory.limit_gb`, GiB per device) and the batches it lets through.
 
 On CPU the limit is *accounted*: before a batch runs, its accounted peak (`kvbench.memory.accounting`) is
 compared with the limit less `memory.reserve_gb`, and a batch over it raises `MemoryLimitExceeded` (an
@@ -6,9 +6,7 @@ compared with the limit less `memory.reserve_gb`, and a batch over it raises `Me
 the allocator's own cap (`kvbench.memory.cap`), so admission lets every CUDA device through. A model whose
 weights alone are over the limit is bad input (`ModelDoesNotFit`, a ConfigError), not a measurement.
 
-The config key keeps its name (`memory.budget_gb`); in code a memory limit in bytes or GiB is a
-`memory_limit`, since "budget" means KV pairs (policies' budgets). `Budget`, `BudgetExceeded` and
-`budget_of` are the old names, kept as aliases.
+A memory limit is never called a budget: "budget" means KV pairs (policies' budgets, kvbench.budgets).
 """
 
 from __future__ import annotations
@@ -29,12 +27,12 @@ class MemoryLimitExceeded(OutOfMemory):
 
 
 class ModelDoesNotFit(ConfigError):
-    """memory.budget_gb is below the model's own weights: bad input, not a measurement."""
+    """memory.limit_gb is below the model's own weights: bad input, not a measurement."""
 
 
 @dataclass(frozen=True)
 class MemoryLimit:
-    """memory.budget_gb of a run, in bytes per device, less memory.reserve_gb (what the account cannot see)."""
+    """memory.limit_gb of a run, in bytes per device, less memory.reserve_gb (what the account cannot see)."""
 
     gb: float
     reserve_gb: float = 0.0
@@ -54,7 +52,7 @@ class MemoryLimit:
             if dev == "cpu" and f.total > self.usable:
                 reserve = f" less memory.reserve_gb={self.reserve_gb:g}" if self.reserve_gb else ""
                 raise MemoryLimitExceeded(
-                    f"accounted peak {acc.describe(dev)} exceeds memory.budget_gb={self.gb:g}{reserve} on {dev}", acc
+                    f"accounted peak {acc.describe(dev)} exceeds memory.limit_gb={self.gb:g}{reserve} on {dev}", acc
                 )
 
     def check_weights(self, model) -> None:
@@ -62,19 +60,14 @@ class MemoryLimit:
         for dev, w in ModelShape.of(model).weights.items():
             if w > self.usable:
                 raise ModelDoesNotFit(
-                    "memory.budget_gb",
+                    "memory.limit_gb",
                     f"the model alone does not fit: its weights take {w / GiB:.3f} GiB on {dev}",
                     self.gb,
                 )
 
 
 def memory_limit_of(cfg) -> MemoryLimit | None:
-    """The run's memory limit from `memory.budget_gb` and `memory.reserve_gb`, None when there is none."""
-    if cfg.memory.budget_gb is None:
+    """The run's memory limit from `memory.limit_gb` and `memory.reserve_gb`, None when there is none."""
+    if cfg.memory.limit_gb is None:
         return None
-    return MemoryLimit(float(cfg.memory.budget_gb), float(cfg.memory.get("reserve_gb") or 0.0))
-
-
-Budget = MemoryLimit  # the old names (deprecated): "budget" means KV pairs now
-BudgetExceeded = MemoryLimitExceeded
-budget_of = memory_limit_of
+    return MemoryLimit(float(cfg.memory.limit_gb), float(cfg.memory.get("reserve_gb") or 0.0))

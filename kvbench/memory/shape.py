@@ -42,10 +42,11 @@ class ModelShape:
         return torch.empty((), dtype=self.dtype, device="cpu").element_size()
 
     @classmethod
-    def of(cls, model) -> ModelShape:
-        """The shape of a loaded model (a refused family raises ConfigError through its adapter)."""
+    def of(cls, model, k=None) -> ModelShape:
+        """The shape of a loaded model (a refused family raises ConfigError through its adapter; `k`: its kinds
+        when already read)."""
         cfg = model.config
-        k = kinds(cfg)  # the family's adapter: heads, head size, windows (a refused family raises ConfigError)
+        k = kinds(cfg) if k is None else k  # the family's adapter: heads, head size, windows (a refused family raises ConfigError)
         decoder_layers = model.get_decoder().layers
         weights: dict[str, int] = {}
         dispatched = getattr(model, "hf_device_map", None) is not None  # accelerate: meta = offloaded (CPU RAM, disk)

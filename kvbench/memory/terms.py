@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.budgets import adakv
+from kvbench.budgets import head_rule
 from kvbench.cache import KVCache
 from kvbench.memory.shape import ModelShape
 
@@ -77,7 +77,7 @@ def forward_bytes(
 
 def evict_bytes(s: ModelShape, L: int, B: int, N: int, rows: int, keep: int, policy) -> int:
     """Transient bytes of one eviction of `rows` of the B samples, L layers, from N pairs down to `keep`."""
-    scored = policy.needs_attention
+    scored = policy.needs.attention
     if rows == B:  # every row: the statistics are sliced in place and K/V gather only the kept pairs
         copies, gathered = 0, B * keep
     else:  # a subset: its positions (+ statistics) and its N pairs are copied out first
@@ -87,12 +87,13 @@ def evict_bytes(s: ModelShape, L: int, B: int, N: int, rows: int, keep: int, pol
         e, a = s.elem, max(4, s.elem)
         per_key = s.head_dim * (ROTATE_ACC * a + (a if e < a else 0) + e + (e if rows < B else 0)) + 8
         gather = max(gather, min(GATHER_LAYERS, L) * s.kv_heads * rows * keep * per_key)  # after the gathers
-    keys = L * rows * s.kv_heads * N * s.head_dim * s.elem if policy.needs_keys and rows < B else 0
-    keys += L * rows * s.q_heads * policy.query_window * s.head_dim * s.elem if rows < B else 0  # kept queries
+    needs = policy.needs  # a subset of the rows: the keys / values the score reads are copied out (advanced indexing)
+    keys = (needs.keys + needs.values) * L * rows * s.kv_heads * N * s.head_dim * s.elem if rows < B else 0
+    keys += L * rows * s.q_heads * policy.needs.queries * s.head_dim * s.elem if rows < B else 0  # kept queries
     own = policy.score_bytes(layers=L, rows=rows, kv_heads=s.kv_heads, q_heads=s.q_heads, pairs=N,
                              head_dim=s.head_dim, elem=s.elem)  # freed before the sort and the gather start
     pairs = L * rows * s.kv_heads * N
-    heads = pairs * (8 + adakv.TRANSIENT_BYTES) if policy.head_budget == "adaptive" else 0  # AdaKV's counts
+    heads = pairs * head_rule(policy).transient  # the head rule's counts (AdaKV's), 0 under uniform budgets
     return pairs * copies + keys + max(pairs * EVICT_BYTES + gather, pairs * 4 + own, heads)
 
 
@@ -106,6 +107,6 @@ def cache_bytes(s: ModelShape, B: int, L: int, slots: int, policy, window: int |
     """Bytes of a preallocated cache group of L layers and `slots` slots per sample (`KVCache.nbytes_for`)."""
     return KVCache.nbytes_for(
         batch_size=B, num_layers=L, num_kv_heads=s.kv_heads, head_dim=s.head_dim, capacity=slots, dtype=s.dtype,
-        track_attention=policy.needs_attention, num_q_heads=s.q_heads, query_window=policy.query_window,
+        track_attention=policy.needs.attention, num_q_heads=s.q_heads, query_window=policy.needs.queries,
         rerotate=policy.rerotate and policy.evicts, window=window,
     )

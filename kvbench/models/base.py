@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -30,6 +31,13 @@ class LoadedModel:
     @property
     def device(self) -> torch.device:
         return self.model.get_input_embeddings().weight.device
+
+    @functools.cached_property
+    def kinds(self):
+        """The model's attention kinds (kvbench.models.family.kinds), read once for every use of this model."""
+        from kvbench.models.family import kinds
+
+        return kinds(self.model.config)
 
     @property
     def has_chat_template(self) -> bool:

@@ -10,10 +10,10 @@ import torch
 from kvbench.models.family import NOT_A_ROTATION, kinds, rope_problem
 
 
-def model_geometry(model) -> dict:
-    """Cache geometry of a decoder-only transformers model, from its family's adapter (kvbench.models.family):
-    heads, head size, each layer's device and sliding window (None: full attention)."""
-    k = kinds(model.config)
+def model_geometry(model, k=None) -> dict:
+    """Cache geometry of a decoder-only transformers model, from its family's adapter (kvbench.models.family; `k`:
+    its kinds when already read): heads, head size, each layer's device and sliding window (None: full attention)."""
+    k = kinds(model.config) if k is None else k
     layers = model.get_decoder().layers
     return dict(
         num_kv_heads=k.kv_heads,

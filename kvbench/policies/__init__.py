@@ -5,13 +5,13 @@ own `name`, is in `registry()` (the package imports each of its modules, so a ne
 its `conf/policy/<name>.yaml`, nothing else). Its class is importable from `kvbench.policies` too.
 """
 
-from kvbench.policies.base import SCHEDULES, Policy, ScoreStats
+from kvbench.policies.base import SCHEDULES, Policy, ScoreContext
 from kvbench.registry import discover
 
 _REGISTRY: dict[str, type[Policy]] = discover(__name__, __path__, Policy)
 globals().update({cls.__name__: cls for cls in _REGISTRY.values()})  # `from kvbench.policies import H2O`
 
-__all__ = ["SCHEDULES", "Policy", "ScoreStats", "registry", *sorted(cls.__name__ for cls in _REGISTRY.values())]
+__all__ = ["SCHEDULES", "Policy", "ScoreContext", "registry", *sorted(cls.__name__ for cls in _REGISTRY.values())]
 
 
 def registry() -> dict[str, type[Policy]]:

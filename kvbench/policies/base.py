@@ -4,10 +4,8 @@ A policy is a small dataclass whose fields are its hyper-parameters and which on
 pairs (higher = keep). Everything mechanical (when to evict, top-k, gathering kept pairs back in
 position order, protected pairs) lives once in `kvbench.cache.KVCache.evict` and `kvbench.engine`.
 
-Phase flags instead of type checks: the engine asks `evicts_in_prefill` / `evicts_in_decode`,
-`needs_attention` (collect attention statistics while running), `needs_keys` (the cached keys in
-the score statistics), `query_window` (how many of the newest queries the cache keeps for the score,
-0: none), never `isinstance`. `keeps_newest` says the order of the pairs is known without scores (the
+Phase flags instead of type checks: the engine asks `evicts_in_prefill` / `evicts_in_decode` and
+`needs` (kvbench.policies.needs.Needs: what the score reads, so only that is kept), never `isinstance`. `keeps_newest` says the order of the pairs is known without scores (the
 score is the position): the cache then keeps the `protect_first` sinks and the newest pairs by slicing,
 with no score, sort or gather.
 
@@ -17,10 +15,9 @@ prefill and decode), `decode_only` (the whole prompt first, then the same while 
 its budget, and every generated token is kept; `evict_every` plays no part).
 
 Budgets (`kv_size`, `kv_ratio`, `compression_ratio`, `head_budget`, `head_floor`) are knobs here; their
-arithmetic (min_budget, what an eviction keeps, capacities, AdaKV's head counts) is kvbench.budgets'. A
-policy's own budget rule is a method here: `layer_budgets` (PyramidKV gives layers different budgets).
-The budget methods a policy had before (`budgets`, `capacities`, `keep`, ...) are delegations in
-kvbench.policies.legacy, for callers not yet moved.
+arithmetic (min_budget, what an eviction keeps, capacities) and the budget rules (how a layer's pairs spread over
+its KV heads: `head_budget` names a head rule, AdaKV's `adaptive` among them; how a sample's budget spreads over
+its layers: `layer_budget`, a class's choice, PyramidKV's `pyramid`) are kvbench.budgets'.
 
 Departures from the published method (`describe()["extensions"]`, in every record) are derived from
 what a policy declares: `published_schedule` (decode_only, prefill_and_decode, or after_prefill: a
@@ -35,30 +32,31 @@ from typing import ClassVar
 
 import torch
 
-from kvbench.budgets import rules
-from kvbench.budgets.rules import AFTER_PREFILL, SCHEDULES
-from kvbench.budgets.rules import is_int as _is_int
-from kvbench.policies.legacy import LegacyBudgetCalls
+from kvbench import budgets
+from kvbench.budgets import AFTER_PREFILL, SCHEDULES
+from kvbench.policies.needs import Needs
 
-__all__ = ["AFTER_PREFILL", "SCHEDULES", "Policy", "ScoreStats", "_is_int"]
+__all__ = ["AFTER_PREFILL", "SCHEDULES", "Needs", "Policy", "ScoreContext"]
 
 
 @dataclass
-class ScoreStats:
-    """What a policy may look at, for the samples being evicted; all shapes (L, B, H_kv, N).
+class ScoreContext:
+    """What a policy's `score` sees, for the samples being evicted; all shapes (L, B, H_kv, N). The same object
+    in static mode (kvbench.cache.evict) and serve mode (kvbench.serve.score_context).
 
     pos:    source position of each cached pair (int)
     sum_w:  attention weight each pair received, summed over every processed query (float32),
-            averaged over the query heads of a KV group; None unless `needs_attention`
-    last_w: the weights the newest query gave (float32); None unless `needs_attention`
+            averaged over the query heads of a KV group; None unless `needs.attention`
+    last_w: the weights the newest query gave (float32); None unless `needs.attention`
     last:   (1, B, 1, 1) last position processed so far, per sample
     n:      (1, B, 1, 1) pairs held per sample (slots >= n are empty)
     layers: (L, 1, 1, 1) absolute index of each layer (a cache may split layers over devices)
 
-    Extensions (filled only for the policies that ask, so the others pay nothing):
-    keys:    (L, B, H_kv, N, D) the cached keys, as stored (RoPE applied); when `needs_keys`
-    queries: (L, B, H_q, W, D) the newest W = `query_window` queries processed, RoPE applied, oldest
-             first, whatever forwards they came from; when `query_window` > 0
+    Filled only for the policies that declare them in `needs`, so the others pay nothing:
+    keys:    (L, B, H_kv, N, D) the cached keys, as stored (RoPE applied); when `needs.keys`
+    values:  (L, B, H_kv, N, D) the cached values; when `needs.values`
+    queries: (L, B, H_q, W, D) the newest W = `needs.queries` queries processed, RoPE applied, oldest
+             first, whatever forwards they came from; when `needs.queries` > 0
     query_pos: (1, B, 1, W) their source positions, -1 for an empty entry (fewer than W processed)
     scale:   the attention's softmax scale (the model's, usually D ** -0.5)
     """
@@ -70,13 +68,14 @@ class ScoreStats:
     n: torch.Tensor | None = None
     layers: torch.Tensor | None = None
     keys: torch.Tensor | None = None
+    values: torch.Tensor | None = None
     queries: torch.Tensor | None = None
     query_pos: torch.Tensor | None = None
     scale: float | None = None
 
 
 @dataclass
-class Policy(LegacyBudgetCalls):
+class Policy:
     """Base of every policy. `kv_size=None` (and no `kv_ratio`) means no eviction (the full cache)."""
 
     kv_size: int | None = None
@@ -91,32 +90,28 @@ class Policy(LegacyBudgetCalls):
     head_floor: float = 0.2  # adaptive: the share of the budget each head keeps at least (kvpress's alpha_safeguard)
 
     name: ClassVar[str] = "base"
+    label: ClassVar[str | None] = None  # the report's short name (a class's own; None: its name)
     # what the docs' policy tables say of it (docs/hooks/tables.py): the pairs it keeps, in a line, and its paper
     summary: ClassVar[str] = ""
     paper: ClassVar[tuple[str, str] | None] = None  # (citation, link), e.g. ("Zhang et al., NeurIPS 2023", "https://...")
     published_schedule: ClassVar[str | None] = None  # None: no published schedule to depart from
     published_evict_every: ClassVar[int | None] = None  # e.g. 1: published as one pair per token
     gqa_note: ClassVar[str | None] = None  # the departure on GQA models (several query heads per KV head)
-    needs_attention: ClassVar[bool] = False
+    needs: ClassVar[Needs] = Needs()  # what `score` reads (kvbench.policies.needs); nothing by default
     # True: `score` is the position (newer = keep), so an eviction keeps the protect_first sinks and the
     # newest pairs; KVCache.evict slices them into place instead of scoring, sorting and gathering
     keeps_newest: ClassVar[bool] = False
-    needs_keys: ClassVar[bool] = False
     # keys of the policy's config that play no part in what it runs (full: every budget and schedule key): in a
     # sweep they are reset to the policy's own defaults and named in the record's `ignored_keys` (kvbench.config)
     inert_keys: ClassVar[tuple[str, ...]] = ()
-
-    @property
-    def query_window(self) -> int:
-        """How many of the newest queries the cache must keep for `score` (0: none)."""
-        return 0
+    layer_budget: ClassVar[str] = "uniform"  # the layer rule (kvbench.budgets.rule): "pyramid" for PyramidKV
 
     def __post_init__(self):
         self.validate()
 
     def validate(self) -> None:
-        """Check (and normalise) the knobs: ConfigError naming the key (kvbench.budgets.rules.validate)."""
-        rules.validate(self)
+        """Check (and normalise) the knobs: ConfigError naming the key (kvbench.budgets.validate)."""
+        budgets.validate(self)
 
     # ----------------------------------------------------------------- phase flags
     @property
@@ -142,13 +137,8 @@ class Policy(LegacyBudgetCalls):
         return "kv_ratio" if self.kv_ratio is not None else "compression_ratio" if (
             self.compression_ratio is not None) else None
 
-    def layer_budgets(self, per_sample: torch.Tensor, layers: int, lengths: list[int] | None = None) -> torch.Tensor:
-        """The policy's layer rule (kvbench.budgets): (L, B) budget of each layer of each sample from the samples'
-        budgets (B,) (and their prompts' lengths); here the same in every layer (PyramidKV overrides it)."""
-        return per_sample[None, :].expand(layers, -1).clone()
-
     # ----------------------------------------------------------------- scoring
-    def score(self, stats: ScoreStats) -> torch.Tensor:
+    def score(self, stats: ScoreContext) -> torch.Tensor:
         """Higher = keep. Shape (L, B, H_kv, N) like the stats."""
         raise NotImplementedError(f"policy {self.name} does not score pairs")
 
@@ -197,11 +187,13 @@ class Policy(LegacyBudgetCalls):
             ext.append("rerotate: kept keys re-rotated to contiguous positions, new tokens continue from the kept count")
         if self.kv_ratio is not None:
             ext.append(f"kv_ratio={self.kv_ratio:g}: each sample's budget is that share of its prompt, at least "
-                       f"{rules.min_budget(self)} pairs" + ("" if self.once else ", and stays that size while decoding"))
+                       f"{budgets.min_budget(self)} pairs" + ("" if self.once else ", and stays that size while decoding"))
         if self.compression_ratio is not None:
             ext.append(f"compression_ratio={self.compression_ratio:g}: each sample keeps int(its prompt x "
-                       f"{1 - self.compression_ratio:g}) pairs (kvpress's count), at least {rules.min_budget(self)}")
-        if self.head_budget == "adaptive" and self.evicts:
-            ext += rules.head_extensions(self)
+                       f"{1 - self.compression_ratio:g}) pairs (kvpress's count), at least {budgets.min_budget(self)}")
+        if self.evicts:
+            ext += budgets.head_rule(self).extensions(self) + budgets.layer_rule(self).extensions(self)
+            if (line := budgets.layer_rule(self).describe(self)) is not None:
+                d["budgets"] = line
         d["extensions"] = ext
         return d

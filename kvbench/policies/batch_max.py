@@ -10,7 +10,7 @@ from typing import ClassVar
 
 import torch
 
-from kvbench.policies.base import Policy, ScoreStats
+from kvbench.policies.base import Needs, Policy, ScoreContext
 
 
 @dataclass
@@ -19,12 +19,13 @@ class BatchMax(Policy):
     evict_every: int = 64
     schedule: str = "prefill_and_decode"
     name: ClassVar[str] = "batch_max"
+    label: ClassVar[str] = "BM"
     summary: ClassVar[str] = "attention received / queries that could attend it (the average rule)"
     paper: ClassVar[tuple[str, str]] = ("Metel et al., ES-FoMo @ ICML 2025", "https://arxiv.org/abs/2412.05693")
     published_schedule: ClassVar[str] = "prefill_and_decode"
     gqa_note: ClassVar[str] = "gqa_group_mean: the attention a pair receives is averaged over the query heads of its KV group (published on multi-head models)"
-    needs_attention: ClassVar[bool] = True
+    needs: ClassVar[Needs] = Needs(attention=True)
 
-    def score(self, stats: ScoreStats) -> torch.Tensor:
+    def score(self, stats: ScoreContext) -> torch.Tensor:
         queries = (stats.last + 1 - stats.pos).clamp(min=1).float()  # (L, B, H, N)
         return stats.sum_w / queries

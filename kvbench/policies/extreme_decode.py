@@ -14,7 +14,7 @@ from typing import ClassVar
 import torch
 
 from kvbench.errors import ConfigError
-from kvbench.policies.base import Policy, ScoreStats
+from kvbench.policies.base import Policy, ScoreContext
 
 
 @dataclass
@@ -23,6 +23,7 @@ class ExtremeDecode(Policy):
     evict_every: int | None = None  # always kv_size - 1
     schedule: str = "decode_only"
     name: ClassVar[str] = "extreme_decode"
+    label: ClassVar[str] = "ED"
     summary: ClassVar[str] = "one pair, evicting at every decode step (ED: the decoding-only throughput bound)"
     paper: ClassVar[tuple[str, str]] = ("Metel et al., 2025, Algorithm 2", "https://arxiv.org/abs/2412.05693")
     # Algorithm 2 fixes them: one pair kept (no share of the prompt), p = kv_size - 1, decoding only
@@ -48,5 +49,5 @@ class ExtremeDecode(Policy):
             raise ConfigError("policy.schedule", "extreme_decode is decoding-only (Algorithm 2)", self.schedule)
         super().validate()
 
-    def score(self, stats: ScoreStats) -> torch.Tensor:
+    def score(self, stats: ScoreContext) -> torch.Tensor:
         return stats.pos.float()

@@ -10,6 +10,7 @@ from kvbench.policies.base import Policy
 @dataclass
 class Full(Policy):
     name: ClassVar[str] = "full"
+    label: ClassVar[str] = "FKV"
     summary: ClassVar[str] = "every pair: the accuracy reference (FKV)"
     inert_keys: ClassVar[tuple[str, ...]] = ("kv_size", "kv_ratio", "compression_ratio", "evict_every", "schedule",
                                              "protect_first", "protect_recent", "rerotate", "head_budget",

@@ -9,7 +9,8 @@ from typing import ClassVar
 
 import torch
 
-from kvbench.policies.base import Policy, ScoreStats, _is_int
+from kvbench.budgets import is_int
+from kvbench.policies.base import Needs, Policy, ScoreContext
 
 
 @dataclass
@@ -19,16 +20,17 @@ class H2O(Policy):
     schedule: str = "decode_only"
     protect_recent: int | None = None  # None: half the budget (kv_size // 2, or each sample's own with kv_ratio)
     name: ClassVar[str] = "h2o"
+    label: ClassVar[str] = "H2O"
     summary: ClassVar[str] = "attention received, summed; the newest half of the budget protected"
     paper: ClassVar[tuple[str, str]] = ("Zhang et al., NeurIPS 2023", "https://arxiv.org/abs/2306.14048")
     published_schedule: ClassVar[str] = "decode_only"
     published_evict_every: ClassVar[int] = 1
     gqa_note: ClassVar[str] = ("gqa_group_mean: the attention a pair receives is averaged over the query heads of "
                                "its KV group (published on multi-head models)")
-    needs_attention: ClassVar[bool] = True
+    needs: ClassVar[Needs] = Needs(attention=True)
 
     def validate(self) -> None:
-        if self.protect_recent is None and self.per_prompt is None and _is_int(self.kv_size):
+        if self.protect_recent is None and self.per_prompt is None and is_int(self.kv_size):
             self.protect_recent = self.kv_size // 2
         if self.protect_recent is None:  # a per-prompt budget: half of each sample's own (recent_pairs)
             self.protect_recent = 0  # validated as "nothing fixed" (the YAML's kv_size plays no part)
@@ -39,7 +41,7 @@ class H2O(Policy):
         else:
             super().validate()
 
-    def score(self, stats: ScoreStats) -> torch.Tensor:
+    def score(self, stats: ScoreContext) -> torch.Tensor:
         return stats.sum_w
 
     def describe(self, gqa: bool = False, paged: bool = False) -> dict:

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import torch
 
-from kvbench.policies.base import AFTER_PREFILL, Policy, ScoreStats
+from kvbench.policies.base import AFTER_PREFILL, Needs, Policy, ScoreContext
 from kvbench.policies.knorm import key_norms
 
 
@@ -21,12 +21,13 @@ class KeyDiff(Policy):
     evict_every: int = 64
     schedule: str = "decode_only"
     name: ClassVar[str] = "keydiff"
+    label: ClassVar[str] = "KeyDiff"
     summary: ClassVar[str] = "keys least similar (cosine) to the head's mean key"
     paper: ClassVar[tuple[str, str]] = ("Park et al., 2025", "https://arxiv.org/abs/2504.15364")
     published_schedule: ClassVar[str] = AFTER_PREFILL
-    needs_keys: ClassVar[bool] = True
+    needs: ClassVar[Needs] = Needs(keys=True)
 
-    def score(self, stats: ScoreStats) -> torch.Tensor:
+    def score(self, stats: ScoreContext) -> torch.Tensor:
         k = stats.keys  # (L, B, H, N, D), a strided view of the cache
         N = k.shape[3]
         norm = key_norms(k).clamp_min(1e-12)  # (L, B, H, N), upcast one layer at a time

@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import torch
 
-from kvbench.policies.base import AFTER_PREFILL, Policy, ScoreStats
+from kvbench.policies.base import AFTER_PREFILL, Needs, Policy, ScoreContext
 
 
 @dataclass
@@ -21,12 +21,13 @@ class Knorm(Policy):
     evict_every: int = 64
     schedule: str = "decode_only"
     name: ClassVar[str] = "knorm"
+    label: ClassVar[str] = "Knorm"
     summary: ClassVar[str] = "keys with the lowest L2 norm"
     paper: ClassVar[tuple[str, str]] = ("Devoto et al., EMNLP 2024", "https://arxiv.org/abs/2406.11430")
     published_schedule: ClassVar[str] = AFTER_PREFILL
-    needs_keys: ClassVar[bool] = True
+    needs: ClassVar[Needs] = Needs(keys=True)
 
-    def score(self, stats: ScoreStats) -> torch.Tensor:
+    def score(self, stats: ScoreContext) -> torch.Tensor:
         return -key_norms(stats.keys)  # (L, B, H, N): low norm = keep
 
     def score_bytes(self, *, layers, rows, kv_heads, q_heads, pairs, head_dim, elem) -> int:

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import torch
 
-from kvbench.policies.base import AFTER_PREFILL, Policy, ScoreStats
+from kvbench.policies.base import AFTER_PREFILL, Policy, ScoreContext
 
 MASK = 0x7FFFFFFF  # products of a 31-bit value and a 31-bit multiplier stay below 2**62: no int64 overflow
 
@@ -32,10 +32,11 @@ class Random(Policy):
     schedule: str = "decode_only"
     seed: int = 0
     name: ClassVar[str] = "random"
+    label: ClassVar[str] = "Random"
     summary: ClassVar[str] = "a seeded uniform score: the floor every method must beat"
     published_schedule: ClassVar[str] = AFTER_PREFILL
 
-    def score(self, stats: ScoreStats) -> torch.Tensor:
+    def score(self, stats: ScoreContext) -> torch.Tensor:
         L, B, H, N = stats.pos.shape
         head = torch.arange(H, device=stats.pos.device)[None, None, :, None]
         x = mix(torch.full((1, 1, 1, 1), self.seed & MASK, dtype=torch.long, device=stats.pos.device))

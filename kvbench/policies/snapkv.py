@@ -32,8 +32,9 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
+from kvbench.budgets import is_int
 from kvbench.errors import ConfigError
-from kvbench.policies.base import AFTER_PREFILL, Policy, ScoreStats, _is_int
+from kvbench.policies.base import AFTER_PREFILL, Needs, Policy, ScoreContext
 
 POOLINGS = ("max", "avg")
 LAYER_CHUNK = 4
@@ -50,20 +51,20 @@ class SnapKV(Policy):
     pooling: str = "avg"
     pool_window: bool = False  # True: pool over the window's own pairs too (kvbench's earlier variant)
     name: ClassVar[str] = "snapkv"
+    label: ClassVar[str] = "SnapKV"
     summary: ClassVar[str] = "the last `window` queries' attention, averaged, pooled over `kernel` neighbours; the window kept"
     paper: ClassVar[tuple[str, str]] = ("Li et al., NeurIPS 2024", "https://arxiv.org/abs/2404.14469")
     published_schedule: ClassVar[str] = AFTER_PREFILL
     gqa_note: ClassVar[str] = "GQA models: pooled per query head, then averaged over the query heads of a KV group"
-    needs_keys: ClassVar[bool] = True
 
     @property
-    def query_window(self) -> int:
-        return self.window
+    def needs(self) -> Needs:
+        return Needs(keys=True, queries=self.window)  # the keys and the newest `window` queries
 
     def validate(self) -> None:
-        if not _is_int(self.window) or self.window <= 0:
+        if not is_int(self.window) or self.window <= 0:
             raise ConfigError("policy.window", "must be a positive integer", self.window)
-        if not _is_int(self.kernel) or self.kernel <= 0 or self.kernel % 2 == 0:
+        if not is_int(self.kernel) or self.kernel <= 0 or self.kernel % 2 == 0:
             raise ConfigError("policy.kernel", "must be a positive odd integer", self.kernel)
         if self.pooling not in POOLINGS:
             raise ConfigError("policy.pooling", f"must be one of {', '.join(POOLINGS)}", self.pooling)
@@ -82,7 +83,7 @@ class SnapKV(Policy):
                                   f"{keep} (an eviction must leave pairs to choose from)", self.window) from None
             raise
 
-    def score(self, stats: ScoreStats) -> torch.Tensor:
+    def score(self, stats: ScoreContext) -> torch.Tensor:
         keys, queries = stats.keys, stats.queries  # (L, B, H, N, D), (L, B, Hq, W, D)
         L, B, H, N, D = keys.shape
         Hq, W = queries.shape[2], queries.shape[3]

@@ -16,6 +16,7 @@ class StreamingLLM(Window):
     evict_every: int = 64
     protect_first: int = 4
     name: ClassVar[str] = "streaming_llm"
+    label: ClassVar[str] = "StreamingLLM"
     summary: ClassVar[str] = "4 attention-sink pairs and the newest ones"
     paper: ClassVar[tuple[str, str]] = ("Xiao et al., ICLR 2024", "https://arxiv.org/abs/2309.17453")
     published_evict_every: ClassVar[int] = 1

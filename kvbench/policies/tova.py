@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import torch
 
-from kvbench.policies.base import Policy, ScoreStats
+from kvbench.policies.base import Needs, Policy, ScoreContext
 
 
 @dataclass
@@ -23,13 +23,14 @@ class TOVA(Policy):
     schedule: str = "decode_only"
     per_kv_head: bool = False
     name: ClassVar[str] = "tova"
+    label: ClassVar[str] = "TOVA"
     summary: ClassVar[str] = "the newest query's attention, averaged over the layer's query heads"
     paper: ClassVar[tuple[str, str]] = ("Oren et al., 2024", "https://arxiv.org/abs/2401.06104")
     published_schedule: ClassVar[str] = "decode_only"
     published_evict_every: ClassVar[int] = 1
-    needs_attention: ClassVar[bool] = True
+    needs: ClassVar[Needs] = Needs(attention=True)
 
-    def score(self, stats: ScoreStats) -> torch.Tensor:
+    def score(self, stats: ScoreContext) -> torch.Tensor:
         if self.per_kv_head:
             return stats.last_w  # (L, B, H, N): each KV head its own group's mean
         # the mean over KV heads of the group means = the mean over all query heads (equal groups)

@@ -8,7 +8,7 @@ from typing import ClassVar
 
 import torch
 
-from kvbench.policies.base import Policy, ScoreStats
+from kvbench.policies.base import Policy, ScoreContext
 
 
 @dataclass
@@ -16,8 +16,9 @@ class Window(Policy):
     kv_size: int | None = 512
     evict_every: int = 64
     name: ClassVar[str] = "window"
+    label: ClassVar[str] = "Window"
     summary: ClassVar[str] = "the newest pairs (and `protect_first` sinks)"
     keeps_newest: ClassVar[bool] = True  # the score below, known without computing it
 
-    def score(self, stats: ScoreStats) -> torch.Tensor:
+    def score(self, stats: ScoreContext) -> torch.Tensor:
         return stats.pos.float()  # newer = keep

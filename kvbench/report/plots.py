@@ -12,6 +12,12 @@ GiB = 2**30
 
 
 
+def limit_gb(record: dict) -> float | None:
+    """The record's memory limit (GiB): `memory.limit_gb`, named `memory.budget_gb` in records made before."""
+    mem = (record.get("config") or {}).get("memory") or {}
+    return mem.get("limit_gb", mem.get("budget_gb"))
+
+
 def series_key(k: tuple[str, int | None]) -> tuple:
     return (method_rank(k[0]), k[1] or 0)
 
@@ -96,9 +102,9 @@ def plot_table(t: Table, out: Path) -> list[str]:
             over = [(b, g) for b, (g, oom) in pts if oom]
             if over:
                 ax.scatter([b for b, _ in over], [g for _, g in over], marker="x", s=40, color=drawn[0].get_color(), zorder=3)
-        budgets = {((r.get("config") or {}).get("memory") or {}).get("budget_gb") for _, r in t.records}
+        budgets = {limit_gb(r) for _, r in t.records}
         if len(budgets) == 1 and None not in budgets:
-            ax.axhline(budgets.pop(), color="grey", ls="--", lw=1, label="memory.budget_gb")
+            ax.axhline(budgets.pop(), color="grey", ls="--", lw=1, label="memory.limit_gb")
         ax.set(xlabel="batch size", ylabel="peak memory, GiB (x: out of memory)")
         ax.set_ylim(bottom=0)
         ax.xaxis.get_major_locator().set_params(integer=True)

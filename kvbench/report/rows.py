@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvbench.conf import load_option, options
+from kvbench.policies import registry
 
-# one label per registered policy, the paper's abbreviations for its three (tests/project/test_docs_facts.py)
-METHODS = {"extreme_decode": "ED", "full": "FKV", "batch_max": "BM", "window": "Window", "h2o": "H2O", "tova": "TOVA",
-           "snapkv": "SnapKV", "pyramidkv": "PyramidKV", "streaming_llm": "StreamingLLM", "knorm": "Knorm",
-           "keydiff": "KeyDiff", "random": "Random"}
+# one label per registered policy: its class's own `label` (the paper's abbreviations: ED, FKV, BM), else its name
+METHODS = {name: vars(cls).get("label") or name for name, cls in registry().items()}
 SCHEDULES = {"prefill_and_decode": "P&D", "decode_only": "D"}
 # the column titles of known metrics (any other shows its key), in order of preference for records of no known task
 METRICS = {"rouge2": "ROUGE-2", "accuracy": "accuracy", "string_match_all": "RULER score",

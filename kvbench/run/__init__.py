@@ -5,12 +5,12 @@ One idea per module, imports one way (record <- store, static <- modes <- life):
     record.py   the record's schema: the stamp every record starts with, a run's record, a plan's record
     store.py    writing a run's predictions, scores and record; a rescue folder when results_dir fails
     signals.py  SIGTERM / SIGINT during a run: an `interrupted` record, then exit 143 / 130
-    models.py   the model a process keeps for its next run; loading under `memory.budget_gb`
+    models.py   the model a process keeps for its next run; loading under `memory.limit_gb`
     static.py   mode=run: static batches, a fixed or searched batch size, generation and scores
     modes.py    the mode table: `mode=` -> its function (serve's are kvbench.serve.run's)
     life.py     `run(cfg)`: check, build, claim, load, run the mode, record whatever happened
 
-Memory (kvbench.memory): `memory.budget_gb` caps every GPU before the model loads and is checked against
+Memory (kvbench.memory): `memory.limit_gb` caps every GPU before the model loads and is checked against
 the weights once they are loaded; with `search.max_batch=true` the batch size comes from kvbench.search
 (`search.only=true` records the search and stops). The record carries the accounted peak and, on CUDA,
 `max_memory_allocated` per device (`peak_mem_bytes` = measured on CUDA, accounted on CPU) and

@@ -51,7 +51,7 @@ def run(cfg: DictConfig, lm: LoadedModel | None = None, sweep: bool = False) -> 
     policy, task = build_policy(cfg), build_task(cfg)
     record = new_record(cfg, policy, task)
     record["ignored_keys"] = ignored
-    memory_limit = memory.budget_of(cfg)
+    memory_limit = memory.memory_limit_of(cfg)
     claim = None
     if cfg.skip_existing:
         claim = results.claim(cfg.results_dir, record["config_hash"])
@@ -113,7 +113,7 @@ def _prompts(cfg: DictConfig, record: dict, lm: LoadedModel, policy, task, promp
              serve_mode: bool) -> tuple[list, list[list[int]]]:
     """The task's samples and token ids with the loaded tokenizer; fills the record's model family, the
     layers the policy compresses (windowed layers keep their window) and the prompts' statistics."""
-    kinds = family.check_policy(lm.model.config, policy)
+    kinds = family.check_policy(lm.model.config, policy, k=lm.kinds)
     record["model_family"] = f"{kinds.family}: {kinds.describe()}"
     described = policy.describe(gqa=kinds.gqa, paged=serve_mode)
     record["extensions"] = described["extensions"] + task_extensions(task, cfg.gen.max_new_tokens)

@@ -2,7 +2,7 @@
 
 Hydra's basic launcher runs a sweep's jobs in one process, so the model of the last run is kept (keyed
 by its model config and device) and the next run of the same model reuses it; only one is kept, so a
-sweep over models never holds two. `load_within` applies `memory.budget_gb`'s CUDA cap before loading
+sweep over models never holds two. `load_within` applies `memory.limit_gb`'s CUDA cap before loading
 and checks the weights against the limit once loaded: a limit below the model itself is bad input
 (`ModelDoesNotFit`, a ConfigError), not a measurement.
 """
@@ -31,10 +31,10 @@ def load_model(cfg: DictConfig) -> LoadedModel:
     return _models[key]
 
 
-def load_within(cfg: DictConfig, memory_limit: memory.Budget | None, lm: LoadedModel | None = None) -> LoadedModel:
+def load_within(cfg: DictConfig, memory_limit: memory.MemoryLimit | None, lm: LoadedModel | None = None) -> LoadedModel:
     """The model (loaded under the limit's CUDA cap unless given); ModelDoesNotFit if its weights exceed it.
 
-    `memory_limit` is `memory.budget_of(cfg)`: memory.budget_gb less memory.reserve_gb, or None (no limit).
+    `memory_limit` is `memory.memory_limit_of(cfg)`: memory.limit_gb less memory.reserve_gb, or None (no limit).
     """
     memory.apply_cuda_cap(memory_limit)
     if lm is None:
@@ -44,7 +44,7 @@ def load_within(cfg: DictConfig, memory_limit: memory.Budget | None, lm: LoadedM
             if memory_limit is None or not is_oom(e):
                 raise
             raise memory.ModelDoesNotFit(
-                "memory.budget_gb", "the model alone does not fit: loading it ran out of memory", memory_limit.gb
+                "memory.limit_gb", "the model alone does not fit: loading it ran out of memory", memory_limit.gb
             ) from None
     if memory_limit is not None:
         memory_limit.check_weights(lm.model)

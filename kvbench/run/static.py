@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 
 from kvbench import engine, memory, search
 from kvbench.attention import resolve_backend
+from kvbench.budgets import head_rule
 from kvbench.errors import OutOfMemory
 from kvbench.models.base import LoadedModel
 from kvbench.run.record import memory_fields
@@ -37,7 +38,7 @@ def question_tokens(task, lm: LoadedModel, samples, ids) -> list[int] | None:
 
 def execute(
     cfg: DictConfig, record: dict, lm: LoadedModel, policy, task, samples, ids, batch_size: int,
-    memory_limit: memory.Budget | None = None,
+    memory_limit: memory.MemoryLimit | None = None,
 ) -> list[dict]:
     """Generate, score and fill `record`; returns the prediction rows."""
     memory.reset_peaks(memory.cuda_devices(lm.model))
@@ -57,6 +58,7 @@ def execute(
         warmup=warmup_of(cfg, lm.model),
         attention=cfg.gen.attention,
         question_tokens=question_tokens(task, lm, samples, ids),
+        kinds=lm.kinds,
     )
     rows, metrics, lengths = predictions(task, samples, ids, out.token_ids, lm, cfg.output.save_prompt_ids)
     record.update(
@@ -111,7 +113,8 @@ def clamp_batch_size(record: dict, batch_size: int, n: int) -> int:
 
 def run_static(cfg: DictConfig, record: dict, lm: LoadedModel, policy, task, samples, ids, memory_limit) -> list[dict]:
     """mode=run: static batches (a fixed batch size, or the largest the search finds), then scores."""
-    record["attention"] = resolve_backend(cfg.gen.attention, lm.model, policy.needs_attention)
+    record["attention"] = resolve_backend(cfg.gen.attention, lm.model, policy.needs.attention,
+                                          head_rule(policy).uneven, lm.kinds)
     batch_size = clamp_batch_size(record, cfg.batch_size, len(ids))
     if cfg.search.max_batch:
         batch_size = search_batch_size(cfg, record, lm, policy, ids, memory_limit)

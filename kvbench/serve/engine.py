@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvbench.attention import kv_attention
 from kvbench.errors import ConfigError
 from kvbench.models.geometry import model_geometry
 from kvbench.policies.base import Policy
-from kvbench.serve.attention import paged
+from kvbench.serve.block_evict import BlockRule
 from kvbench.serve.blocks import BlockManager
 from kvbench.serve.budgets import HeadBudgets, RequestBudgets
-from kvbench.serve.evict import BlockRule
 from kvbench.serve.fit import max_blocks, max_pages, stuck, too_small  # noqa: F401  (max_blocks: the preflight's)
 from kvbench.serve.model_runner import ModelRunner
 from kvbench.serve.request import Request
@@ -42,12 +42,12 @@ class ServeOutput:
     evicted_blocks: int = 0
     timeline: list[tuple[float, int, int, int]] = field(default_factory=list)  # (t, blocks used, running, waiting)
     pool_bytes: int = 0
-    attention: str = ""  # what attended (kvbench.serve.attention.backend)
+    attention: str = ""  # what attended (kvbench.serve.paged_attention.backend)
     block_bytes: int = 0  # one block in every layer: K, V, positions, statistics
     kv_block_bytes: int = 0  # one block in every layer: K and V only
     peak_pages: int = 0  # the most pages in use at once (a page: block_size slots of one layer and KV head)
     pages_per_block: int = 1  # layers x KV heads
-    per_head: bool = False  # each (layer, KV head) evicts its own blocks (kvbench.serve.evict's head scope)
+    per_head: bool = False  # each (layer, KV head) evicts its own blocks (kvbench.serve.block_evict's head scope)
 
     @property
     def peak_kv_bytes(self) -> int:
@@ -75,10 +75,12 @@ def serve(
     score_chunk: int = 64,
     progress=None,
     head_budgets: HeadBudgets | None = None,
+    kinds=None,
 ) -> ServeOutput:
-    """Serve `requests`; `head_budgets` (request -> (L, H) pairs) gives each (layer, KV head) its own budget."""
+    """Serve `requests`; `head_budgets` (request -> (L, H) pairs) gives each (layer, KV head) its own budget;
+    `kinds`: the model's attention kinds when the caller has read them (kvbench.models.base.LoadedModel.kinds)."""
     rule = BlockRule.of(policy, block_size)
-    geo = model_geometry(model)
+    geo = model_geometry(model, kinds)
     shape = (len(geo["layer_devices"]), geo["num_kv_heads"])
     budgets = RequestBudgets(policy, shape, head_budgets)
     for r in requests:
@@ -88,7 +90,8 @@ def serve(
         if (why := stuck(r, rule, budget, recent)) is not None:
             raise ConfigError(f"policy.{policy.per_prompt or 'kv_size'}", why, policy.kv_size)
     rotate = policy.rerotate and policy.evicts  # cache rotation: kept keys re-rotated to contiguous slots
-    runner = ModelRunner(model, num_blocks, block_size, policy, block_score, rotate=rotate, per_head=budgets.per_head)
+    runner = ModelRunner(model, num_blocks, block_size, policy, block_score, rotate=rotate, per_head=budgets.per_head,
+                         score_chunk=score_chunk, k=kinds)
     bm = BlockManager(num_blocks, block_size, shape)
     evictor = runner.evictor if policy.evicts else None
     sched = Scheduler(bm, rule, max_tokens_per_step, max_running, evictor, budgets,
@@ -99,7 +102,7 @@ def serve(
                       block_bytes=runner.pool.nbytes() // num_blocks, kv_block_bytes=runner.pool.kv_block_bytes(),
                       per_head=budgets.per_head, pages_per_block=bm.pages_per_block)
     clock, left = 0.0, len(pending)
-    with paged(model, score_chunk=score_chunk):
+    with kv_attention(model):
         while left:
             while pending and pending[0].arrival <= clock:
                 sched.add(pending.pop(0))

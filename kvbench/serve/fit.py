@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from kvbench.serve.block_evict import BlockRule
 from kvbench.serve.blocks import blocks_for
-from kvbench.serve.evict import BlockRule
 from kvbench.serve.request import Request
 
 

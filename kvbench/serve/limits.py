@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvbench.serve.block_evict import BlockRule
 from kvbench.serve.blocks import BlockManager
 from kvbench.serve.budgets import RequestBudgets
-from kvbench.serve.evict import BlockRule
 from kvbench.serve.request import Request
 from kvbench.serve.scheduler import Scheduler
 
@@ -39,9 +39,9 @@ class Pool:
 
 def limits_shape(policy, layers) -> tuple[int, int]:
     """(1, 1) under one budget per request; (layers, 1) under per-layer budgets (`layers()`: the model's count)."""
-    from kvbench.serve.budgets import per_layer
+    from kvbench.budgets import layer_rule
 
-    return (int(layers()), 1) if policy.evicts and per_layer(policy) else (1, 1)
+    return (int(layers()), 1) if policy.evicts and layer_rule(policy).varies else (1, 1)
 
 
 @dataclass

@@ -5,33 +5,35 @@ writes the chunk positions into the pool, runs the model on the packed tokens wi
 `position_ids` (true positions: after an eviction the kept keys keep their RoPE and new queries their real
 position), keeps logits only for the requests whose chunk reaches the end of their sequence, and returns
 their greedy next tokens. `evictor` scores a request's blocks for eviction from the pool's statistics with
-the policy's `score()` (kvbench.serve.evict: the same blocks everywhere, or each (layer, KV head) its own).
+the policy's `score()` (kvbench.serve.block_evict: the same blocks everywhere, or each (layer, KV head) its own).
 """
 
 from __future__ import annotations
 
 import torch
 
+from kvbench.attention import SCORE_CHUNK
 from kvbench.cache.rotate import rotate
 from kvbench.errors import ConfigError
 from kvbench.models.family import kinds
 from kvbench.models.geometry import model_geometry, rope_inv_freq
 from kvbench.policies.base import Policy
-from kvbench.serve.attention import backend as attention_backend
-from kvbench.serve.evict import block_scores, choose
-from kvbench.serve.layout import Layout
+from kvbench.serve.block_evict import block_scores, choose
+from kvbench.serve.page_layout import Layout
+from kvbench.serve.paged_attention import PagedStep
+from kvbench.serve.paged_attention import backend as attention_backend
 from kvbench.serve.pool import PagedPool
 from kvbench.serve.queries import QueryWindows
 from kvbench.serve.request import Request
 from kvbench.serve.scheduler import Scheduled
-from kvbench.serve.scoring import request_stats
+from kvbench.serve.score_context import request_stats
 
 
 class ModelRunner:
     def __init__(self, model, num_blocks: int, block_size: int, policy: Policy, block_score: str = "sum",
-                 rotate: bool = False, per_head: bool = False):
-        geo = model_geometry(model)
-        k = kinds(model.config)
+                 rotate: bool = False, per_head: bool = False, score_chunk: int = SCORE_CHUNK, k=None):
+        k = kinds(model.config) if k is None else k  # the model's attention kinds, read once per run
+        geo = model_geometry(model, k)
         if not k.plain:  # kvbench.config.preflight refuses it first on the command line
             raise ConfigError("mode", f"serve mode runs full attention only; model family {k.family!r} has "
                               f"{k.describe()} (run it with mode=run)", "serve")
@@ -39,6 +41,7 @@ class ModelRunner:
         if len(devices) != 1:
             raise ValueError("serve mode runs on one device (the model is split across several)")
         self.model, self.policy, self.block_score, self.per_head = model, policy, block_score, per_head
+        self.score_chunk = score_chunk
         self.start_blocks = -(-policy.protect_first // block_size) if policy.evicts else 0
         self.device = model.get_input_embeddings().weight.device
         self.inv_freq = rope_inv_freq(model).detach().float().cpu() if rotate else None
@@ -46,11 +49,11 @@ class ModelRunner:
         self.shape = (L, H)
         self.pool = PagedPool(
             num_layers=L, num_blocks=num_blocks, block_size=block_size, num_kv_heads=H, head_dim=geo["head_dim"],
-            dtype=geo["dtype"], device=self.device, track_attention=policy.needs_attention, rerotate=rotate,
+            dtype=geo["dtype"], device=self.device, track_attention=policy.needs.attention, rerotate=rotate,
         )
-        self.windows = QueryWindows(policy.query_window, L, model.config.num_attention_heads, geo["head_dim"],
-                                    geo["dtype"], self.device) if policy.evicts and policy.query_window else None
-        self.attention = attention_backend(self.device, geo["dtype"], policy.needs_attention, block_size)
+        self.windows = QueryWindows(policy.needs.queries, L, model.config.num_attention_heads, geo["head_dim"],
+                                    geo["dtype"], self.device) if policy.evicts and policy.needs.queries else None
+        self.attention = attention_backend(self.device, geo["dtype"], policy.needs.attention, block_size)
 
     @torch.inference_mode()
     def step(self, scheduled: list[Scheduled]) -> dict[int, int]:
@@ -59,20 +62,19 @@ class ModelRunner:
         k = [s.num_tokens for s in scheduled]
         lay = Layout.build(self.pool.block_size, [r.pages for r in reqs], [r.held for r in reqs], k,
                            [r.num_computed for r in reqs], self.device, rotary=self.inv_freq is not None)
-        lay.attention = self.attention
         self.pool.pos[lay.write] = lay.source[None, :, None].expand(lay.write.shape)
         if self.pool.rot is not None:  # the rotary position each key is written at: its slot
             self.pool.rot[lay.write] = lay.positions[0][None, :, None].expand(lay.write.shape)
         if self.windows is not None:
             self.windows.prepare([r.rid for r in reqs], [r.num_computed for r in reqs], k,
                                  [r.num_computed == 0 for r in reqs])
-            lay.windows = self.windows
+        step = PagedStep(self.pool, lay, self.attention, self.score_chunk, self.windows)  # what attention reads
         ids = torch.tensor([t for r, n in zip(reqs, k, strict=True) for t in r.tokens(n)], dtype=torch.long)
         done = [i for i, (r, n) in enumerate(zip(reqs, k, strict=True)) if r.num_computed + n == r.seq_len]
         out = {}
         kw = dict(
             input_ids=ids[None].to(self.device), position_ids=lay.positions, use_cache=False,
-            kvbench_pool=self.pool, kvbench_layout=lay,
+            kvbench_step=step,
         )
         if done:
             keep = lay.last[torch.tensor(done, device=self.device)]
@@ -112,8 +114,8 @@ class ModelRunner:
     @torch.inference_mode()
     def reallocate(self, req: Request) -> None:
         """head_budget=adaptive, when `req` compresses: each layer's pairs split across its KV heads by the policy's
-        scores (AdaKV's rule, kvbench.budgets.adakv), the protected start and recent areas counted first."""
-        from kvbench.budgets.adakv import head_counts
+        scores (the policy's head rule, kvbench.budgets: AdaKV's), the protected start and recent areas counted first."""
+        from kvbench.budgets import head_rule
 
         held = req.held.to(self.device)  # (L, H): every head holds the whole prompt (nothing evicted yet)
         budget = torch.minimum(req.budget[:, 0].to(self.device), held[:, 0])  # (L,) pairs per head on average
@@ -125,5 +127,5 @@ class ModelRunner:
         j = torch.arange(N, device=self.device)
         protected = (j < self.start_blocks * self.pool.block_size) | (j >= N - req.recent.to(self.device)[..., None])
         s.masked_fill_(protected, float("inf"))
-        counts = head_counts(s[None], budget, self.policy.head_floor)[0]  # (L, H): layers as the samples' axis
+        counts = head_rule(self.policy).counts(self.policy, s[None], budget)[0]  # (L, H): layers as the samples' axis
         req.budget = counts.cpu()

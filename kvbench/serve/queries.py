@@ -41,7 +41,7 @@ class QueryWindows:
             w.copy_(torch.cat([w[:, m:], query[0, :, sl].to(w.dtype)], dim=1))
 
     def get(self, rid: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """((L, 1, H_q, W, D) queries, (1, 1, 1, W) positions) of one request, for ScoreStats."""
+        """((L, 1, H_q, W, D) queries, (1, 1, 1, W) positions) of one request, for ScoreContext."""
         return self.q[rid][:, None], self.pos[rid][None, None, None, :].to(self.device)
 
     def forget(self, rid: int) -> None:

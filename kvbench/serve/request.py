@@ -4,7 +4,7 @@ The token sequence is prompt + output. `num_computed` tokens of it have their KV
 the request was (re)admitted; the next forward feeds `seq[num_computed : num_computed + k]`, and a
 chunk that reaches the end of the sequence yields the next token (prefill and decode are the same
 rule; after a preemption the output so far is recomputed too, in chunks that stop where the first run evicted:
-kvbench.serve.evict's `BlockRule.span`).
+kvbench.serve.block_evict's `BlockRule.span`).
 
 Its KV lives in pages, each `block_size` slots of one (layer, KV head), so each (layer, KV head) has
 its own block table and count: `held[l, h]` pairs, logical slot s of (l, h) in page

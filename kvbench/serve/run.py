@@ -5,7 +5,7 @@ Called by `kvbench.run.run` after the model, task and policy are built; fills th
 metrics under `serve`) and returns the prediction rows (with each request's timings). What the static
 engine's fields would claim and serve mode does not apply stays null (`batch_size`: the scheduler
 batches; `evict_every`: whole blocks go, the fewest that keep a request in budget); `attention` is
-what attended (kvbench.serve.attention: `paged_sdpa`, `paged_fused` for scored policies, `paged_flash`).
+what attended (kvbench.serve.paged_attention: `paged_sdpa`, `paged_fused` for scored policies, `paged_flash`).
 """
 
 from __future__ import annotations
@@ -25,20 +25,20 @@ from kvbench.serve.pool import PagedPool
 from kvbench.serve.workload import build_requests
 
 
-def pool_blocks(cfg: DictConfig, lm, policy, budget: memory.Budget | None) -> int:
-    """serve.num_blocks, or what memory.budget_gb leaves after the weights (activations not reserved)."""
+def pool_blocks(cfg: DictConfig, lm, policy, memory_limit: memory.MemoryLimit | None) -> int:
+    """serve.num_blocks, or what memory.limit_gb leaves after the weights (activations not reserved)."""
     if cfg.serve.num_blocks is not None:
         return cfg.serve.num_blocks
     geo = model_geometry(lm.model)
     per_block = PagedPool.block_bytes(
         num_layers=len(geo["layer_devices"]), block_size=cfg.serve.block_size, num_kv_heads=geo["num_kv_heads"],
-        head_dim=geo["head_dim"], dtype=geo["dtype"], track_attention=policy.needs_attention,
+        head_dim=geo["head_dim"], dtype=geo["dtype"], track_attention=policy.needs.attention,
         rerotate=policy.rerotate and policy.evicts,
     )
-    free = budget.usable - sum(memory.ModelShape.of(lm.model).weights.values())  # memory.reserve_gb is not the pool's
+    free = memory_limit.usable - sum(memory.ModelShape.of(lm.model).weights.values())  # memory.reserve_gb is not the pool's
     n = free // per_block
     if n <= 0:
-        raise ConfigError("memory.budget_gb", "leaves no room for a single KV block after the weights", budget.gb)
+        raise ConfigError("memory.limit_gb", "leaves no room for a single KV block after the weights", memory_limit.gb)
     return int(n)
 
 
@@ -62,14 +62,15 @@ def extensions(cfg: DictConfig, policy) -> list[str]:
     return ext
 
 
-def execute(cfg: DictConfig, record: dict, lm, policy, task, samples, ids, budget=None) -> list[dict]:
+def execute(cfg: DictConfig, record: dict, lm, policy, task, samples, ids, memory_limit=None) -> list[dict]:
     s = cfg.serve
-    num_blocks = pool_blocks(cfg, lm, policy, budget)
+    num_blocks = pool_blocks(cfg, lm, policy, memory_limit)
     reqs = build_requests(ids, cfg.gen.max_new_tokens, s.rate, cfg.seed)
     out = serve(
         lm.model, reqs, policy, num_blocks=num_blocks, block_size=s.block_size,
         max_tokens_per_step=s.max_tokens_per_step, max_running=s.max_running, block_score=s.block_score,
         eos_token_ids=lm.eos_token_ids, ignore_eos=cfg.gen.ignore_eos, score_chunk=cfg.gen.score_chunk,
+        kinds=lm.kinds,
     )
     rows, task_metrics, lengths = predictions(task, samples, ids, [r.output for r in reqs], lm,
                                               cfg.output.save_prompt_ids)
@@ -109,11 +110,11 @@ def execute(cfg: DictConfig, record: dict, lm, policy, task, samples, ids, budge
     return rows
 
 
-def execute_limits(cfg: DictConfig, record: dict, lm, policy, task, samples, ids, budget=None) -> list[dict]:
+def execute_limits(cfg: DictConfig, record: dict, lm, policy, task, samples, ids, memory_limit=None) -> list[dict]:
     """mode=serve_limits: OpenVINO's two limit checks (kvbench.serve.limits) on the task's prompt lengths,
     for this pool, policy and schedule; no model is loaded (`lm`, `samples` and `ids` are None)."""
     from kvbench.config.preflight import model_config, prompt_lengths
-    from kvbench.serve.evict import BlockRule
+    from kvbench.serve.block_evict import BlockRule
     from kvbench.serve.limits import Pool, fewest_sequences_to_fill, limits_shape, longest_generation
 
     s = cfg.serve

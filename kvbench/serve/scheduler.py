@@ -1,8 +1,8 @@
 """Continuous batching: what each step runs. It only decides; the runner runs, the block manager counts.
 
-Each step, with a budget of `max_tokens_per_step` tokens:
+Each step feeds at most `max_tokens_per_step` tokens (`tokens_left` of them still to hand out):
 1. running requests in FCFS (arrival) order each get their next chunk: the rest of their prompt
-   (chunked prefill, up to the budget left) or one decode token (a recomputed request: its output so far, in
+   (chunked prefill, up to the tokens left) or one decode token (a recomputed request: its output so far, in
    chunks that stop where its first run evicted, `BlockRule.span`). A request whose (layer, KV head) would
    go over its budget first evicts the fewest whole blocks that keep it within (`BlockRule.plan`; which
    blocks: the `evictor` callback, by score; schedule=after_prefill: once, when its prompt is computed).
@@ -10,7 +10,7 @@ Each step, with a budget of `max_tokens_per_step` tokens:
    freed, its cursor back to zero, back to the waiting queue; its computed tokens count as recomputed)
    until they are, possibly itself.
 2. if nothing was preempted, waiting requests that have arrived are admitted in FCFS order while
-   the budget lasts, their first chunk's pages are free and fewer than `max_running` run. A request
+   tokens are left, their first chunk's pages are free and fewer than `max_running` run. A request
    gets its budgets per (layer, KV head) when admitted (kvbench.serve.budgets).
 """
 
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvbench.serve.block_evict import BlockRule, oldest
 from kvbench.serve.blocks import BlockManager
-from kvbench.serve.evict import BlockRule, oldest
 from kvbench.serve.request import Request
 
 # (request, end of each head's evictable area (L, H), blocks each evicts (L, H)) -> (L, H, nb) bool: which
@@ -103,9 +103,9 @@ class Scheduler:
             self.bm.admit(req)
             req.budget, req.recent = self.budgets(req)
 
-    def _chunk(self, req: Request, budget: int) -> tuple[int, torch.Tensor | None]:
-        """(tokens, (L, H) blocks to evict, or None) for the request's next chunk within `budget` tokens."""
-        k = min(self.rule.span(req), budget)
+    def _chunk(self, req: Request, tokens_left: int) -> tuple[int, torch.Tensor | None]:
+        """(tokens, (L, H) blocks to evict, or None) for the request's next chunk of at most `tokens_left` tokens."""
+        k = min(self.rule.span(req), tokens_left)
         if k > 0 and self.rule.applies(req):
             if self.rule.once and self.reallocate is not None:
                 self.reallocate(req)
@@ -125,7 +125,7 @@ class Scheduler:
         return pages
 
     def waiting_for_memory(self) -> bool:
-        """Whether the first waiting request could start but for free pages (not the step's token budget,
+        """Whether the first waiting request could start but for free pages (not the step's tokens left,
         not max_running): the pool is full for it."""
         if not self.waiting or (self.max_running is not None and len(self.running) >= self.max_running):
             return False
@@ -136,11 +136,11 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()
-        budget = self.max_tokens
+        tokens_left = self.max_tokens
         i = 0
-        while i < len(self.running) and budget > 0:
+        while i < len(self.running) and tokens_left > 0:
             req = self.running[i]
-            k, e = self._chunk(req, budget)
+            k, e = self._chunk(req, tokens_left)
             if k == 0:
                 i += 1
                 continue
@@ -155,14 +155,14 @@ class Scheduler:
                 break
             self.bm.grow(req, k)
             plan.scheduled.append(Scheduled(req, k, evicted))
-            budget -= k
+            tokens_left -= k
             i += 1
         if plan.preempted:
             return plan
-        while self.waiting and budget > 0 and (self.max_running is None or len(self.running) < self.max_running):
+        while self.waiting and tokens_left > 0 and (self.max_running is None or len(self.running) < self.max_running):
             req = self.waiting[0]
             self._start(req)
-            k, e = self._chunk(req, budget)
+            k, e = self._chunk(req, tokens_left)
             if k == 0 or e is not None or not self.bm.can_allocate(self.bm.need(req, k)):
                 break
             self.waiting.pop(0)
@@ -171,5 +171,5 @@ class Scheduler:
             self.running.sort(key=self._key)
             plan.scheduled.append(Scheduled(req, k))
             plan.admitted.append(req)
-            budget -= k
+            tokens_left -= k
         return plan

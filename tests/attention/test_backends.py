@@ -11,6 +11,9 @@ import torch
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
 from kvbench import attention as A
+from kvbench.attention.eager import eager_attention
+from kvbench.attention.fused import fused_attention
+from kvbench.attention.masks import keep_mask
 from kvbench.cache import KVCache
 from kvbench.engine import generate
 from kvbench.policies import H2O, TOVA, BatchMax, ExtremeDecode, Full, Window
@@ -53,15 +56,15 @@ def test_eager_and_fused_equal_transformers_eager_and_the_stats_pass(r, heads):
     k = torch.randn(B, H, N, D, generator=g, dtype=torch.float64)  # (B, H_kv, N, D)
     v = torch.randn(B, H, N, D, generator=g, dtype=torch.float64)
     step = _step(B, T, N, r, H, D, torch.float64)
-    keep = A._keep_mask(step, T, N, "cpu")
+    keep = keep_mask(step, T, N, "cpu")
     mask = None if keep is None else torch.zeros(keep.shape, dtype=q.dtype).masked_fill(~keep, torch.finfo(q.dtype).min)
     module = torch.nn.Module()
     module.num_key_value_groups, module.training = Hq // H, False
     want, _ = eager_attention_forward(module, q, k, v, mask, scaling=0.3)  # (B, T, Hq, D)
-    got, stats = A._eager(q, k, v, step, 0.3, track=True)
+    got, stats = eager_attention(q, k, v, step, 0.3, track=True)
     real = step.real[:, :, None, None]
     assert torch.equal(got * real, want * real)
-    fused, fstats = A._fused(q, k, v, step, 0.3, chunk=3)
+    fused, fstats = fused_attention(q, k, v, step, 0.3, chunk=3)
     torch.testing.assert_close(fused * real, want * real)
     ref = A.attention_stats(q, k, step, 0.3, chunk=64)
     for s in (stats, fstats):

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from kvbench import attention, engine, memory
+from kvbench import budgets as B
 from kvbench.attention import flash as static_flash
 from kvbench.attention import select
 from kvbench.policies import BatchMax, Full, PyramidKV, registry
@@ -141,7 +142,7 @@ def test_static_flash_path_matches_sdpa_in_bfloat16(flash_standin_on_cpu, tiny_b
 
 
 def test_serve_flash_path_matches_paged_sdpa_in_bfloat16(flash_standin_on_cpu, tiny_bf16):
-    from kvbench.serve import attention as serve_attention
+    from kvbench.serve import paged_attention as serve_attention
     from kvbench.serve.engine import serve
     from kvbench.serve.request import Request
 
@@ -241,7 +242,7 @@ def test_host_syncs_per_decode_step_do_not_grow_with_layer_groups(ignore_eos):
 
     lm = build_tiny("tiny-llama-4", arch="llama", dtype="float32", device="cpu", layers=4)
     pyr = PyramidKV(kv_size=32, evict_every=8, window=4, beta=2)
-    assert len(pyr.budgets([60, 33, 47, 52], 4).unique(dim=0)) == 4  # four groups of layers
+    assert len(B.layer_budgets(pyr, [60, 33, 47, 52], 4).unique(dim=0)) == 4  # four groups of layers
     slopes = {}
     for name, policy in (("batch_max", BatchMax(kv_size=32, evict_every=8)), ("pyramidkv", pyr)):
         short, _ = _syncs_per_step(lm, policy, 9, ignore_eos)
@@ -291,11 +292,11 @@ def test_key_norm_policies_never_copy_every_key_to_float32(name):
     double the cache's memory and halve the policy's largest batch)."""
     from torch.overrides import TorchFunctionMode
 
-    from kvbench.policies.base import ScoreStats
+    from kvbench.policies.base import ScoreContext
 
     L, B, H, N, D = 6, 2, 2, 32, 16
     keys = torch.randn(L, B, H, N, D, dtype=torch.bfloat16)
-    stats = ScoreStats(pos=torch.arange(N).expand(L, B, H, N), last=torch.full((1, B, 1, 1), N - 1),
+    stats = ScoreContext(pos=torch.arange(N).expand(L, B, H, N), last=torch.full((1, B, 1, 1), N - 1),
                        n=torch.full((1, B, 1, 1), N), keys=keys)
     biggest = []
 

@@ -56,7 +56,7 @@ def test_a_budget_above_the_sequence_costs_what_the_full_cache_does(tiny_llama, 
     out, seen = _run(tiny_llama, policy)
     assert out.token_ids == full_out.token_ids  # it never evicts: the full cache's tokens
     assert seen.kv <= full_seen.kv, (seen.kv, full_seen.kv)  # K/V slots, measured from the cache's tensors
-    if not policy.needs_attention and not policy.query_window:  # no per-slot statistics, no queries kept: every
+    if not policy.needs.attention and not policy.needs.queries:  # no per-slot statistics, no queries kept: every
         # byte the full cache's (a scored policy's statistics and SnapKV's window of queries are its own)
         assert out.kv_allocated_bytes == full_out.kv_allocated_bytes
     # the account (what admits a batch, plans and searches) is what was allocated

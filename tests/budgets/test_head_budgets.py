@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvbench import budgets as B
 from kvbench import memory
 from kvbench.engine import generate
 from kvbench.policies import H2O, Knorm, SnapKV
@@ -48,7 +49,7 @@ CASES = [(POLICIES[0], 1, "sdpa"), (POLICIES[0], 4, "sdpa"), (POLICIES[0], 4, "e
                          ids=[f"{p.name}-b{b}-{a}" for p, b, a in CASES])
 def test_adaptive_matches_reference_per_sample(tiny_llama, policy, batch_size, attention):
     lm = tiny_llama
-    budgets = policy.sample_budgets([len(p) for p in PROMPTS]).tolist()
+    budgets = B.sample_budgets(policy, [len(p) for p in PROMPTS]).tolist()
     spec = spec_of(policy)
     refs = [reference("llama", tuple(p), type(spec)(**{**spec.__dict__, "kv_size": k, "head_floor": policy.head_floor}))
             for p, k in zip(PROMPTS, budgets, strict=True)]
@@ -88,6 +89,6 @@ def test_adaptive_changes_what_is_kept_and_memory_follows_the_largest_head(tiny_
     acc_u = memory.account(lm.model, [len(p)], uni, max_new_tokens=NEW)
     assert acc.devices["cpu"].kv_cache >= acc_u.devices["cpu"].kv_cache  # a head may hold up to heads x k
     slots = min(heads * k, len(p)) + NEW
-    assert ada.capacities([len(p)], NEW, torch.tensor([[k]]), heads) == [max(slots, len(p))]
+    assert B.capacities(ada, [len(p)], NEW, torch.tensor([[k]]), heads) == [max(slots, len(p))]
     ext = ada.describe(gqa=True)["extensions"]
     assert any("head_budget=adaptive" in e and "AdaKVPress" in e for e in ext)

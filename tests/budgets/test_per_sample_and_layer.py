@@ -15,6 +15,7 @@ import math
 import pytest
 import torch
 
+from kvbench import budgets as B
 from kvbench import memory
 from kvbench.engine import generate
 from kvbench.errors import ConfigError
@@ -94,8 +95,8 @@ def assert_within_budgets(held, policy):
 def test_sample_budgets_are_a_share_of_each_prompt():
     p = BatchMax(kv_ratio=0.5, evict_every=4)
     assert p.kv_size is None and p.evicts
-    assert p.sample_budgets([70, 24, 45, 13]).tolist() == [35, 12, 23, max(p.min_budget, 7)]
-    assert p.budgets([70, 24], 3).tolist() == [[35, 12]] * 3
+    assert B.sample_budgets(p, [70, 24, 45, 13]).tolist() == [35, 12, 23, max(B.min_budget(p), 7)]
+    assert B.layer_budgets(p, [70, 24], 3).tolist() == [[35, 12]] * 3
     with pytest.raises(ConfigError, match="kv_ratio"):
         BatchMax(kv_ratio=1.5)
 
@@ -104,7 +105,7 @@ def test_sample_budgets_are_a_share_of_each_prompt():
 @pytest.mark.parametrize("policy", RATIO_POLICIES, ids=pid)
 def test_kv_ratio_matches_reference_per_sample(tiny_llama, policy, batch_size):
     """Sample b of a padded batch == the reference at kv_size = ceil(ratio x len_b) (at least min_budget)."""
-    budgets = policy.sample_budgets([len(p) for p in PROMPTS]).tolist()
+    budgets = B.sample_budgets(policy, [len(p) for p in PROMPTS]).tolist()
     assert len(set(budgets)) == len(budgets)  # every sample its own budget
     refs = []
     for p, k in zip(PROMPTS, budgets, strict=True):
@@ -126,7 +127,7 @@ def test_kv_ratio_batch_4_every_sample_within_its_own_budget(tiny_phi3, schedule
     tokens, _, _, held, out = run(tiny_phi3, prompts, policy, 4)
     assert all(len(t) == NEW for t in tokens)
     assert_within_budgets(held, policy)
-    assert out.budget_min == policy.min_budget and out.budget_max == math.ceil(0.5 * 61)
+    assert out.budget_min == B.min_budget(policy) and out.budget_max == math.ceil(0.5 * 61)
     # the samples really hold different counts at the end: 25 + decode, 9's floor, 17, 31
     last = held[0][-1][1][0].tolist()
     assert len(set(last)) > 1
@@ -138,22 +139,22 @@ def test_kv_ratio_batch_4_every_sample_within_its_own_budget(tiny_phi3, schedule
 def test_pyramid_budgets_shrink_bottom_to_top_and_sum_to_kv_times_layers():
     """budget_rule=window_plus (kvbench's earlier rule): exact totals, the window on top of a pyramid."""
     p = PyramidKV(kv_size=256, evict_every=8, window=32, budget_rule="window_plus")
-    k = p.budgets([1000, 500], 30)  # (L, B)
+    k = B.layer_budgets(p, [1000, 500], 30)  # (L, B)
     assert k.shape == (30, 2)
     assert k.sum(dim=0).tolist() == [256 * 30] * 2
     col = k[:, 0].tolist()
     assert col == sorted(col, reverse=True) and col[0] > 256 > col[-1]
-    assert col[-1] >= p.min_budget
+    assert col[-1] >= B.min_budget(p)
     # published numbers where nothing is raised: min = (k - W) / beta
     assert col[-1] == 32 + round((256 - 32) / 20) or abs(col[-1] - (32 + (256 - 32) / 20)) < 1
     # raised floor: kv 128, p 32 -> the top layer holds min_budget
     q = PyramidKV(kv_size=128, evict_every=32, window=32, budget_rule="window_plus")
-    kq = q.budgets([1000], 30)[:, 0]
-    assert int(kq.min()) == q.min_budget == 65 and int(kq.sum()) == 128 * 30
+    kq = B.layer_budgets(q, [1000], 30)[:, 0]
+    assert int(kq.min()) == B.min_budget(q) == 65 and int(kq.sum()) == 128 * 30
     assert any("raised" in e for e in q.describe()["extensions"])
     # ratio budgets, per sample
     r = PyramidKV(kv_ratio=0.5, evict_every=4, window=4, budget_rule="window_plus")
-    kr = r.budgets([200, 100], 4)
+    kr = B.layer_budgets(r, [200, 100], 4)
     assert kr.sum(dim=0).tolist() == [100 * 4, 50 * 4]
     with pytest.raises(ConfigError, match="rerotate"):
         PyramidKV(kv_size=256, rerotate=True)
@@ -174,7 +175,7 @@ PYRAMIDS = [  # the per-layer mechanics, under budgets that differ by layer at t
 def test_pyramidkv_matches_per_layer_reference(arch, policy, batch_size, request):
     lm = request.getfixturevalue(f"tiny_{arch}")
     L = lm.model.config.num_hidden_layers
-    budgets = policy.budgets([len(p) for p in PROMPTS], L)  # (L, B)
+    budgets = B.layer_budgets(policy, [len(p) for p in PROMPTS], L)  # (L, B)
     assert bool((budgets[0] >= budgets[-1]).all() and (budgets[0] > budgets[-1]).sum() >= 2)  # layers differ
     refs = []
     for b, p in enumerate(PROMPTS):
@@ -193,7 +194,7 @@ def test_published_pyramid_budgets_are_kvpress_schedule():
     max = 2 m - min, max capped at q - W (then min = 2 m - max), SnapKV's budget when not q >= max >= min >= W,
     else round(max - l (max - min) / (L - 1))."""
     p = PyramidKV(compression_ratio=0.5, schedule="after_prefill", window=64)
-    k = p.budgets([1000, 200, 100], 30)
+    k = B.layer_budgets(p, [1000, 200, 100], 30)
     # q 1000: m 500, max 975 >= 936 -> max 936, min 64; steps 872 / 29
     assert k[:, 0].tolist() == [round(936 - i * 872 / 29) for i in range(30)] and k[0, 0] == 936 and k[-1, 0] == 64
     # q 200: m 100, max 195 >= 136 -> max 136, min 64
@@ -201,11 +202,11 @@ def test_published_pyramid_budgets_are_kvpress_schedule():
     # q 100: m 50, max 97.5 >= 36 -> max 36, min 64 < max fails: SnapKV's round(50) in every layer
     assert k[:, 2].tolist() == [50] * 30
     # kv_size 256, W 64: min 12.8 < 64: SnapKV's budget everywhere (PyramidKV = SnapKV here)
-    assert PyramidKV(kv_size=256, evict_every=64).budgets([1000], 30)[:, 0].tolist() == [256] * 30
+    assert B.layer_budgets(PyramidKV(kv_size=256, evict_every=64), [1000], 30)[:, 0].tolist() == [256] * 30
     # prefill_and_decode / decode_only: no layer below min_budget (p + W + 1)
     q = PyramidKV(kv_size=200, evict_every=64, beta=3, window=64)  # min 66.7: >= W, below min_budget
-    kq = q.budgets([1000], 30)[:, 0]
-    assert int(kq.min()) == q.min_budget == 129 and int(kq.max()) == round(400 - 200 / 3)
+    kq = B.layer_budgets(q, [1000], 30)[:, 0]
+    assert int(kq.min()) == B.min_budget(q) == 129 and int(kq.max()) == round(400 - 200 / 3)
     assert any("min_budget=129" in e for e in q.describe()["extensions"])
     assert any("window_plus" in e for e in PyramidKV(kv_size=256, budget_rule="window_plus").describe()["extensions"])
 
@@ -237,7 +238,7 @@ def test_account_equals_the_allocation_with_per_layer_and_per_sample_budgets(tin
     assert acc.devices["cpu"].kv_cache == seen[0]
     if policy.name == "pyramidkv" and policy.schedule == "prefill_and_decode":
         L = tiny_llama.model.config.num_hidden_layers
-        uniform = memory.account(tiny_llama.model, lengths, SnapKV(kv_size=int(policy.budgets(lengths, L).max()),
+        uniform = memory.account(tiny_llama.model, lengths, SnapKV(kv_size=int(B.layer_budgets(policy, lengths, L).max()),
                                                                     evict_every=4, window=4,
                                                                     schedule=policy.schedule),
                                  max_new_tokens=NEW)

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvbench.budgets import Budgets, adakv, rules
+from kvbench import budgets as B
+from kvbench.budgets import Budgets
+from kvbench.budgets.adaptive_heads import head_counts
 from kvbench.errors import ConfigError
 from kvbench.policies import H2O, TOVA, PyramidKV, SnapKV, StreamingLLM, Window
 
@@ -39,7 +41,7 @@ def test_head_counts_are_kvpress_adakv(ratio, alpha):
     scores = torch.exp(torch.randn(B, H, N, generator=g) * torch.arange(1, H + 1)[None, :, None])
     want = kvpress_counts(scores, ratio, alpha)
     keep = torch.full((B,), int(N * (1 - ratio)))
-    got = adakv.head_counts(scores[None], keep, alpha)[0]  # one layer
+    got = head_counts(scores[None], keep, alpha)[0]  # one layer
     assert torch.equal(got, want), (got, want)
     assert bool((got.sum(-1) == H * keep).all())
     assert bool((got >= int(keep[0] * alpha)).all())
@@ -54,12 +56,12 @@ def test_head_counts_keep_protected_pairs_and_skip_empty_slots():
     s[..., :2] = float("inf")  # protected in every head
     s[:, 1, :, 8:] = -float("inf")  # sample 1 holds 8 pairs
     keep = torch.tensor([4, 3])
-    c = adakv.head_counts(s, keep, 0.0)
+    c = head_counts(s, keep, 0.0)
     assert c.sum(-1).tolist() == [[12, 9], [12, 9]]
     assert bool((c >= 2).all())  # the protected pairs are kept in every head, even the low one
     assert bool((c[:, 1] <= 8).all())
     assert bool((c[:, :, 0] == 2).all())  # the low head keeps only its protected pairs
-    ragged = adakv.head_counts(s, torch.tensor([4, 4]), 1.0)  # a floor of the whole budget: uniform
+    ragged = head_counts(s, torch.tensor([4, 4]), 1.0)  # a floor of the whole budget: uniform
     assert bool((ragged == 4).all())
 
 
@@ -88,20 +90,20 @@ def test_budgets_room_adaptive_bounds_the_largest_head():
     q = SnapKV(kv_size=64, window=8, schedule="after_prefill", head_budget="adaptive", head_floor=0.5)
     bq = Budgets.of(q, [100], layers=1, heads=2)
     assert bq.capacities([100], 10) == [2 * 64 - 32 + 10]  # the largest head, then every new token
-    assert rules.decode_capacity(q, 64, 10, heads=2) == 106
+    assert B.decode_capacity(q, 64, 10, heads=2) == 106
     with pytest.raises(ValueError, match="heads"):
-        rules.head_slots(q, 64, None)
+        B.head_slots(q, 64, None)
 
 
 def test_budget_rules_by_hand():
     h = H2O(kv_ratio=0.5)  # half of each budget protected
-    assert rules.min_budget(h) == 3 and rules.recent_pairs(h, torch.tensor([10, 21])).tolist() == [5, 10]
-    assert rules.min_budget(H2O(kv_size=128)) == 1 + 64 + 1
+    assert B.min_budget(h) == 3 and B.recent_pairs(h, torch.tensor([10, 21])).tolist() == [5, 10]
+    assert B.min_budget(H2O(kv_size=128)) == 1 + 64 + 1
     t = TOVA(kv_size=100, evict_every=10, schedule="prefill_and_decode")
-    assert rules.keep(t, 100) == 90 and rules.capacities(t, [500], 20, torch.tensor([[100]])) == [100]
+    assert B.keep(t, 100) == 90 and B.capacities(t, [500], 20, torch.tensor([[100]])) == [100]
     a = TOVA(compression_ratio=0.75, schedule="after_prefill")
-    assert rules.min_budget(a) == 1 and rules.sample_budgets(a, [100, 3]).tolist() == [25, 1]
-    assert rules.capacities(a, [100, 7], 10, torch.tensor([[25, 1]])) == [100]
+    assert B.min_budget(a) == 1 and B.sample_budgets(a, [100, 3]).tolist() == [25, 1]
+    assert B.capacities(a, [100, 7], 10, torch.tensor([[25, 1]])) == [100]
 
 
 def test_capacity_is_capped_at_what_each_sample_holds():
@@ -111,26 +113,26 @@ def test_capacity_is_capped_at_what_each_sample_holds():
     for p in (TOVA(kv_size=100_000, evict_every=8, schedule="prefill_and_decode"), H2O(kv_size=100_000),
               SnapKV(kv_size=100_000, schedule="after_prefill"),
               SnapKV(kv_size=100_000, schedule="after_prefill", head_budget="adaptive")):
-        assert rules.capacities(p, [100, 60], 4, rules.layer_budgets(p, [100, 60], 2), heads=2) == [whole] * 2, p
+        assert B.capacities(p, [100, 60], 4, B.layer_budgets(p, [100, 60], 2), heads=2) == [whole] * 2, p
     t = TOVA(kv_size=64, evict_every=8, schedule="prefill_and_decode")
     # sample 0 (10 tokens) holds at most 14 of its budget of 40; sample 1 needs its budget of 12: 14, not 40
-    assert rules.capacities(t, [10, 100], 4, torch.tensor([[40, 12]])) == [14]
-    assert rules.capacities(t, [10, 100], 4, torch.tensor([[40, 20]])) == [20]
+    assert B.capacities(t, [10, 100], 4, torch.tensor([[40, 12]])) == [14]
+    assert B.capacities(t, [10, 100], 4, torch.tensor([[40, 20]])) == [20]
     a = SnapKV(kv_size=64, schedule="after_prefill")  # 30 + 4 of sample 1's 64 + 4; sample 0 compressed: 20 + 4
-    assert rules.capacities(a, [90, 30], 4, torch.tensor([[20, 64]])) == [90]  # sample 0's prompt first
-    assert rules.capacities(a, [10, 30], 4, torch.tensor([[64, 64]])) == [34]
+    assert B.capacities(a, [90, 30], 4, torch.tensor([[20, 64]])) == [90]  # sample 0's prompt first
+    assert B.capacities(a, [10, 30], 4, torch.tensor([[64, 64]])) == [34]
 
 
 def test_pyramid_spans_the_compressed_layers():
     """PyramidKV over the layers the policy compresses (the others windowed): their budgets are the pyramid of
     that many layers, averaging the nominal budget; one compressed layer holds the nominal budget itself."""
     p = PyramidKV(kv_ratio=0.5, schedule="after_prefill", window=8)
-    alone = rules.layer_budgets(p, [400], 2)[:, 0]  # the pyramid of 2 layers: 2 x 200 - 200 / 20, 200 / 20
+    alone = B.layer_budgets(p, [400], 2)[:, 0]  # the pyramid of 2 layers: 2 x 200 - 200 / 20, 200 / 20
     assert alone.tolist() == [390, 10]
-    six = rules.layer_budgets(p, [400], 6, compressed=[2, 5])[:, 0]  # 2 of 6 layers compressed
+    six = B.layer_budgets(p, [400], 6, compressed=[2, 5])[:, 0]  # 2 of 6 layers compressed
     assert six[[2, 5]].tolist() == alone.tolist()
-    assert rules.layer_budgets(p, [400], 2, compressed=[1])[1, 0] == 200  # one layer: the nominal budget
-    assert rules.layer_budgets(p, [400], 1)[:, 0].tolist() == [200]
+    assert B.layer_budgets(p, [400], 2, compressed=[1])[1, 0] == 200  # one layer: the nominal budget
+    assert B.layer_budgets(p, [400], 1)[:, 0].tolist() == [200]
 
 
 @pytest.mark.parametrize("bad", [dict(head_budget="per_head"), dict(head_floor=1.5), dict(head_floor=True)])

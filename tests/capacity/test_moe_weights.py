@@ -18,7 +18,7 @@ from kvbench.models import build_tiny
 
 def _plan_inputs(arch: str):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=["model=tiny-llama", f"model.arch={arch}", "device=cpu", "memory.budget_gb=1",
+        cfg = compose("config", overrides=["model=tiny-llama", f"model.arch={arch}", "device=cpu", "memory.limit_gb=1",
                                            "task.n_samples=2", "task.context_tokens=40"])
     node, spec, model, shape, _, _ = capacity.plan_inputs(cfg)
     return spec, model, shape

@@ -18,10 +18,10 @@ def _cfg(*overrides):
 
 
 def test_a_cpu_node_is_its_accounted_limit_less_the_reserve():
-    node = node_of(_cfg("memory.budget_gb=2", "memory.reserve_gb=0.5"))
+    node = node_of(_cfg("memory.limit_gb=2", "memory.reserve_gb=0.5"))
     assert (node.memory_limit, node.usable, node.max_memory, node.gpu) == ({"cpu": 2 * GiB}, {"cpu": GiB + GiB // 2},
                                                                             None, False)
-    assert node.describe() == "CPU, accounted budget 2048 MiB"
+    assert node.describe() == "CPU, accounted memory limit 2048 MiB"
 
 
 def test_gpus_by_count_and_memory():
@@ -32,13 +32,13 @@ def test_gpus_by_count_and_memory():
 
 
 def test_model_max_memory_is_capped_by_the_limit():
-    node = node_of(_cfg("+model.max_memory={0: 4GiB, 1: 1GiB}", "memory.budget_gb=2"))
+    node = node_of(_cfg("+model.max_memory={0: 4GiB, 1: 1GiB}", "memory.limit_gb=2"))
     assert node.max_memory == {0: 4 * GiB, 1: GiB}  # placement sees the cards
     assert node.memory_limit == {"cuda:0": 2 * GiB, "cuda:1": GiB}  # the account sees the limit
 
 
 @pytest.mark.parametrize("overrides, key", [
-    ([], "memory.budget_gb"),  # a CPU plan needs a limit
+    ([], "memory.limit_gb"),  # a CPU plan needs a limit
     (["plan.gpus=2"], "plan.gpu_mem_mib"),  # GPUs without their memory
     (["plan.gpus=1", "plan.gpu_mem_mib=1024", "memory.reserve_gb=1"], "memory.reserve_gb"),  # nothing left
 ])

@@ -66,7 +66,7 @@ def test_gpu_placement_follows_device_map_auto():
 
 
 def test_unsplit_loader_shape_equals_the_loaded_models(tiny_llama):
-    cfg = _compose(*TINY, "memory.budget_gb=1")
+    cfg = _compose(*TINY, "memory.limit_gb=1")
     spec = capacity.spec_of(cfg, capacity.node_of(cfg))
     model = spec.meta_model()
     shape = capacity.placed_shape(model, capacity.placement(model, spec, capacity.node_of(cfg)))
@@ -112,7 +112,7 @@ def test_cpu_plan_finds_the_boundary_of_the_real_account(tmp_path, reserve):
     base = _compose(*TINY)
     budget = _budget_between(base, 4, 6)
     reserve_gb = reserve * budget
-    common = [*TINY, f"memory.budget_gb={budget}", f"memory.reserve_gb={reserve_gb}", f"results_dir={tmp_path}"]
+    common = [*TINY, f"memory.limit_gb={budget}", f"memory.reserve_gb={reserve_gb}", f"results_dir={tmp_path}"]
     rec = capacity.plan(_compose(*common, "plan.backends=[sdpa]", "plan.kv_sizes=[32]"))
     assert rec["mode"] == "plan" and read_records(tmp_path)[-1]["run_id"] == rec["run_id"]
     planned = {(r["policy"], r["kv_size"]): (r["max_batch_size"], r["first_oom_batch_size"]) for r in rec["plan"]["rows"]}
@@ -192,10 +192,18 @@ def test_command_prints_the_table_and_rejects_bad_input(tmp_path):
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "plan.backends" in out.stderr, out.stderr
 
 
+def test_the_old_memory_key_is_refused_naming_the_new_one():
+    from kvbench.capacity.cli import preflight
+    from kvbench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"memory\.budget_gb: was renamed memory\.limit_gb"):
+        preflight(["experiment=paper_phi35_cnndm", "memory.budget_gb=2"])
+
+
 @pytest.mark.parametrize("overrides, key", [
-    (["model=tiny-llama", "device=cpu"], "memory.budget_gb"),  # a CPU plan needs a budget
+    (["model=tiny-llama", "device=cpu"], "memory.limit_gb"),  # a CPU plan needs a budget
     (["experiment=paper_phi35_cnndm", "plan.kv_sizes=[64]"], "plan.kv_sizes"),  # not above evict_every
-    (["experiment=paper_phi35_cnndm", "plan.gpus=8", "model.max_memory=null", "memory.budget_gb=null"],
+    (["experiment=paper_phi35_cnndm", "plan.gpus=8", "model.max_memory=null", "memory.limit_gb=null"],
      "plan.gpu_mem_mib"),
     (["experiment=paper_llama2_cnndm", "plan.gpu_mem_mib=4000"], "plan.gpu_mem_mib"),  # 13B fp16 on 4 x 4 GB
     (["experiment=paper_phi35_cnndm", "plan.prompt_tokens=null"], "plan.prompt_tokens"),  # no tokenizer offline

@@ -17,7 +17,7 @@ PAPER = [e for e in EXPERIMENTS if e.startswith("paper_")]
 KVPRESS = [e for e in EXPERIMENTS if e.startswith("kvpress_ruler_")]  # RULER 4k, kvpress's leaderboard protocol
 # cards as CUDA reports them: V100-32GB 32510 MiB, TITAN V-12GB 12066 MiB
 V100, TITAN_V = ("32510MiB", 31.75), ("12066MiB", 11.78)
-HARDWARE = {  # experiment -> (model, task, GPUs, per-GPU max_memory, memory.budget_gb)
+HARDWARE = {  # experiment -> (model, task, GPUs, per-GPU max_memory, memory.limit_gb)
     "paper_llama2_cnndm": ("llama2-13b-chat", "cnndm", 4, *V100),
     "paper_llama2_narrativeqa": ("llama2-13b-chat", "narrativeqa", 4, *V100),
     "paper_llama2_gsm8k": ("llama2-13b-chat", "gsm8k", 2, *V100),
@@ -122,7 +122,7 @@ def test_paper_settings(experiment):
     assert cfg.policy.evict_every == 64 and cfg.policy.schedule == "prefill_and_decode"
     assert cfg.search.candidates == "divisors_of_960"
     assert dict(cfg.model.max_memory) == {i: per_gpu for i in range(gpus)}
-    assert cfg.memory.budget_gb == budget
+    assert cfg.memory.limit_gb == budget
     assert cfg.model.dtype == "float16"
     r = cfg.reproduce
     assert list(r.kv_sizes) == list(range(128, 3585, 128)) and r.refine_step == 64

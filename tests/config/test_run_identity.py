@@ -37,9 +37,10 @@ def test_non_identity_keys_change_no_hash(key):
 
 
 @pytest.mark.parametrize("extra,same", [
-    ({"memory": {"budget_gb": 4, "reserve_gb": 0}}, {"memory": {"budget_gb": 4}}),
-    ({"memory": {"budget_gb": 4, "reserve_gb": None}}, {"memory": {"budget_gb": 4}}),
+    ({"memory": {"limit_gb": 4, "reserve_gb": 0}}, {"memory": {"limit_gb": 4}}),
+    ({"memory": {"limit_gb": 4, "reserve_gb": None}}, {"memory": {"limit_gb": 4}}),
     ({"serve": {"num_blocks": 8}}, {}),  # serve.* outside the serve modes
+    ({"memory": {"budget_gb": 4}}, {"memory": {"limit_gb": 4}}),  # a record made before the rename, the same run
 ])
 def test_keys_added_later_at_their_neutral_values_are_left_out(extra, same):
     assert record_hash(_record(**extra)) == record_hash(_record(**same))

@@ -37,7 +37,7 @@ def test_every_policy_has_a_config_and_a_class():
 def test_interface_defaults():
     cfg = _compose()
     assert cfg.model.name == "smollm2-135m" and cfg.batch_size == 1 and cfg.results_dir == "outputs"
-    assert cfg.data.dir is None and cfg.memory.budget_gb is None and cfg.search.max_batch is False
+    assert cfg.data.dir is None and cfg.memory.limit_gb is None and cfg.search.max_batch is False
     assert cfg.output.save_prompt_ids is False and cfg.device == "auto"
 
 

@@ -17,8 +17,9 @@ import functools
 import pytest
 import torch
 
+from kvbench import budgets as B
 from kvbench.continuation import continuation_logprobs
-from kvbench.policies import Policy, registry
+from kvbench.policies import registry
 from tests import reference as R
 from tests.conftest import random_prompts
 from tests.policies.test_scored import _ref_model, spec_of
@@ -85,7 +86,7 @@ def test_continuation_matches_the_reference(name, schedule, tiny_llama):
     policy = policy_at(name, schedule)
     if policy is None:
         pytest.skip(f"{name} fixes its own schedule")
-    if type(policy).layer_budgets is not Policy.layer_budgets:
+    if B.layer_rule(policy).varies:
         pytest.skip("budgets that differ by layer: tests/core/test_lmeval.py runs it through lm-eval")
     spec = spec_of(policy)
     ids = [c + x for c, x in zip(CONTEXTS, CONTINUATIONS, strict=True)]

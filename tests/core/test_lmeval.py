@@ -176,7 +176,7 @@ def test_every_policy_reads_choices_longer_than_its_room(name, tasks):
     reported crash): every evicting policy scores them, the context compressed, the choice read in full. A
     context whose every layer's budget holds it is not evicted whatever the choice's length (a plain forward's
     log-likelihood), and the longest context (114 tokens) is evicted (it differs)."""
-    from kvbench.budgets import rules
+    from kvbench import budgets as B
     from kvbench.conf import load_option
 
     node = load_option("policy", name)
@@ -190,7 +190,7 @@ def test_every_policy_reads_choices_longer_than_its_room(name, tasks):
         ctx, cont = lm._encode_pair(context, continuation)
         assert len(cont) > 64 - len(ctx) + 1  # longer than the room the budget leaves
         want, want_greedy = _plain(lm.lm.model, ctx, cont)
-        if int(rules.layer_budgets(lm.policy, [len(ctx) - 1], layers).min()) > len(ctx) - 1:
+        if int(B.layer_budgets(lm.policy, [len(ctx) - 1], layers).min()) > len(ctx) - 1:
             assert abs(got - want) < 1e-9 and greedy == want_greedy, (context, got, want)
             fits += 1
         elif len(ctx) > 100:

@@ -8,7 +8,7 @@ from kvbench.results import read_records
 
 TINY = [
     "experiment=mini_cnndm", "model=tiny-llama", "task=passkey", "task.context_tokens=256", "task.n_samples=8",
-    "search.candidates=[1,2,4,8]", "gen.max_new_tokens=8", "memory.budget_gb=0.007",
+    "search.candidates=[1,2,4,8]", "gen.max_new_tokens=8", "memory.limit_gb=0.007",
     "reproduce.kv_sizes=[96,160]", "policy.evict_every=32",
 ]
 

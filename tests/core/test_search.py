@@ -40,7 +40,7 @@ def _probe_footprints(cfg) -> dict[int, int]:
     return {
         b: memory.account(lm.model, [len(x) for x in search.probe_prompts(ids, b)], policy,
                           max_new_tokens=cfg.gen.max_new_tokens,
-                          attention=resolve_backend(cfg.gen.attention, lm.model, policy.needs_attention)).total
+                          attention=resolve_backend(cfg.gen.attention, lm.model, policy.needs.attention)).total
         for b in CANDIDATES
     }
 
@@ -71,7 +71,7 @@ def test_budget_between_two_footprints_gives_the_smaller_batch(tmp_path):
     assert all(fp[a] < fp[b] for a, b in zip(CANDIDATES[:-1], CANDIDATES[1:], strict=True))
     budget = (fp[6] + fp[8]) / 2 / memory.GiB
     record = kvrun.run(_compose(*TINY16, f"search.candidates={CANDIDATES}", "search.max_batch=true",
-                                 "search.only=true", f"memory.budget_gb={budget}", f"results_dir={tmp_path}"))
+                                 "search.only=true", f"memory.limit_gb={budget}", f"results_dir={tmp_path}"))
     s = record["search"]
     assert (record["status"], record["batch_size"], s["max_batch_size"], s["first_oom_batch_size"]) == ("ok", 6, 6, 8)
     for t in s["trials"]:
@@ -90,14 +90,14 @@ def test_a_budget_above_the_sequence_finds_no_smaller_batch_than_the_full_cache(
     fp = _probe_footprints(_compose(*full, f"search.candidates={CANDIDATES}"))  # the full cache: 6 fits, 8 does not
     budget = (fp[6] + fp[8]) / 2 / memory.GiB
     rec = kvrun.run(_compose(*TINY16, "policy=window", "policy.kv_size=100000", f"search.candidates={CANDIDATES}",
-                             "search.max_batch=true", "search.only=true", f"memory.budget_gb={budget}",
+                             "search.max_batch=true", "search.only=true", f"memory.limit_gb={budget}",
                              f"results_dir={tmp_path}"))
     assert rec["status"] == "ok" and rec["search"]["max_batch_size"] >= 6, (rec["error"], rec["search"])
 
 
 def test_nothing_fits_is_an_oom_record(tmp_path):
     record = kvrun.run(_compose(*TINY, "search.max_batch=true", "search.only=true", f"results_dir={tmp_path}",
-                                 f"memory.budget_gb={kvrun.models.load_model(_compose(*TINY)).weights_bytes * 1.001 / memory.GiB}"))
+                                 f"memory.limit_gb={kvrun.models.load_model(_compose(*TINY)).weights_bytes * 1.001 / memory.GiB}"))
     assert record["status"] == "oom" and record["search"]["max_batch_size"] is None
     assert record["search"]["first_oom_batch_size"] == 1 and len(record["search"]["trials"]) == 1
 
@@ -112,9 +112,9 @@ def test_search_then_run_equals_a_fresh_process(tmp_path):
     fp = _probe_footprints(cfg)
     budget = (fp[2] + fp[3]) / 2 / memory.GiB
     searched = kvrun.run(_compose(*TINY, f"search.candidates={CANDIDATES}", "search.max_batch=true",
-                                   f"memory.budget_gb={budget}", f"results_dir={tmp_path / 'a'}"))
+                                   f"memory.limit_gb={budget}", f"results_dir={tmp_path / 'a'}"))
     assert searched["batch_size"] == 2 and any(t["status"] == "oom" for t in searched["search"]["trials"])
-    p = subprocess.run([sys.executable, "-c", FRESH, *TINY, "batch_size=2", f"memory.budget_gb={budget}",
+    p = subprocess.run([sys.executable, "-c", FRESH, *TINY, "batch_size=2", f"memory.limit_gb={budget}",
                         f"results_dir={tmp_path / 'b'}"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     (fresh,) = read_records(tmp_path / "b")
@@ -180,7 +180,7 @@ def test_account_probes_give_the_same_verdicts_as_real_ones(tmp_path):
 
     common = ["model=tiny-llama", "task.n_samples=32", "task.context_tokens=256", "gen.max_new_tokens=8",
               "policy=batch_max", "policy.kv_size=64", "policy.evict_every=16", "search.max_batch=true",
-              "search.only=true", "search.candidates=[1,2,3,4,6,8,12,16,24,32]", "memory.budget_gb=0.0015",
+              "search.only=true", "search.candidates=[1,2,3,4,6,8,12,16,24,32]", "memory.limit_gb=0.0015",
               f"results_dir={tmp_path}"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         real = run(compose("config", overrides=common))["search"]
@@ -196,7 +196,7 @@ def test_a_cpu_search_says_the_accounted_budget_decided(tmp_path):
     cfg = _compose(*TINY)
     budget = kvrun.models.load_model(cfg).weights_bytes * 1.001 / memory.GiB
     record = kvrun.run(_compose(*TINY, "search.max_batch=true", "search.only=true", f"results_dir={tmp_path}",
-                                 f"memory.budget_gb={budget}"))
+                                 f"memory.limit_gb={budget}"))
     s = record["search"]
     assert (s["decided_by"], s["probe"]) == ("accounted", "real") and s["wall_s"] >= 0
     assert record["batch_size"] == s["first_oom_batch_size"] == 1  # nothing fits: the batch that ran out

@@ -119,8 +119,8 @@ def test_account_matches_the_bytes_really_allocated(tiny, policy, lengths, chunk
     acc = memory.account(
         tiny.model, list(lengths), policy, max_new_tokens=6, prefill_chunk=chunk, attention=attention
     ).devices["cpu"]
-    with kv_attention(tiny.model, backend=attention, needs_attention=policy.needs_attention), AllocatedBytes() as measured:
-        generate_batch(tiny.model, ids, policy, max_new_tokens=6, prefill_chunk=chunk)
+    with kv_attention(tiny.model), AllocatedBytes() as measured:
+        generate_batch(tiny.model, ids, policy, max_new_tokens=6, prefill_chunk=chunk, attention=attention)
     accounted = acc.kv_cache + acc.transient
     assert 0.99 * measured.peak <= accounted <= 1.15 * measured.peak, (accounted, measured.peak)
     assert acc.weights == tiny.weights_bytes  # parameters and buffers
@@ -140,8 +140,8 @@ def test_eager_attention_transient_is_measured_per_element(dtype, policy):
     ids = random_prompts(lengths, seed=5)
     acc = memory.account(lm.model, list(lengths), policy, max_new_tokens=2, attention="eager").devices["cpu"]
     sdpa = memory.account(lm.model, list(lengths), policy, max_new_tokens=2, attention="sdpa").devices["cpu"]
-    with kv_attention(lm.model, backend="eager", needs_attention=policy.needs_attention), AllocatedBytes() as measured:
-        generate_batch(lm.model, ids, policy, max_new_tokens=2)
+    with kv_attention(lm.model), AllocatedBytes() as measured:
+        generate_batch(lm.model, ids, policy, max_new_tokens=2, attention="eager")
     accounted = acc.kv_cache + acc.transient
     assert 0.99 * measured.peak <= accounted <= 1.15 * measured.peak, (accounted, measured.peak)
     if policy.name == "extreme_decode":  # the whole prompt at once: eager's T^2 term is the peak, sdpa has none
@@ -180,7 +180,7 @@ def test_accounted_peak_is_linear_in_kv_size(tiny_llama, policy, shape):
     s = memory.ModelShape.of(tiny_llama.model) if shape == "tiny" else SMOLLM2
     sizes, B, L = (768, 1024, 1280, 1536), 4, sum(s.layers.values())
     accs = [memory.account(s, [2000] * B, policy(kv_size=k), max_new_tokens=128).devices["cpu"] for k in sizes]
-    slot = B * L * s.kv_heads * (2 * s.head_dim * s.elem + 4 + (8 if policy.needs_attention else 0))  # K, V, pos, stats
+    slot = B * L * s.kv_heads * (2 * s.head_dim * s.elem + 4 + (8 if policy.needs.attention else 0))  # K, V, pos, stats
     assert [a.kv_cache for a in accs] == [(k + 1) * slot for k in sizes]
     steps = [b.total - a.total for a, b in zip(accs[:-1], accs[1:], strict=True)]
     assert len(set(steps)) == 1 and steps[0] > 256 * slot, steps
@@ -198,9 +198,9 @@ def test_batch_max_fits_far_more_than_decode_only_on_the_same_budget():
 # ------------------------------------------------------------------------------------- the budget
 def test_budget_refuses_over_and_admits_under(tiny_llama):
     acc = memory.account(tiny_llama.model, [50, 40], Full(), max_new_tokens=4)
-    memory.Budget((acc.total + 1) / memory.GiB).admit(acc)
-    with pytest.raises(memory.BudgetExceeded, match="exceeds memory.budget_gb") as e:
-        memory.Budget((acc.total - 1) / memory.GiB).admit(acc)
+    memory.MemoryLimit((acc.total + 1) / memory.GiB).admit(acc)
+    with pytest.raises(memory.MemoryLimitExceeded, match="exceeds memory.limit_gb") as e:
+        memory.MemoryLimit((acc.total - 1) / memory.GiB).admit(acc)
     assert isinstance(e.value, OutOfMemory) and memory.is_oom(e.value) and e.value.account is acc
 
 
@@ -230,32 +230,33 @@ def test_oom_run_is_an_oom_record_and_the_sweep_goes_on(tmp_path, monkeypatch):
     cfg = _compose(*TINY)
     b1, b4 = _footprint(cfg, 1), _footprint(cfg, 4)
     budget = (b1 + b4) / 2 / memory.GiB
-    cli.main(["-m", *TINY, "batch_size=1,4", f"memory.budget_gb={budget}", f"results_dir={tmp_path}",
+    cli.main(["-m", *TINY, "batch_size=1,4", f"memory.limit_gb={budget}", f"results_dir={tmp_path}",
               f"hydra.sweep.dir={tmp_path / 'hydra'}"])
     ok, oom = read_records(tmp_path)
     assert (ok["batch_size"], ok["status"], ok["accounted_mem_bytes"]) == (1, "ok", b1)
     assert ok["peak_mem_bytes"] == b1 and ok["peak_mem_bytes_per_device"] == {"cpu": b1}
     assert (oom["batch_size"], oom["status"], oom["accounted_mem_bytes"]) == (4, "oom", b4)
-    assert "exceeds memory.budget_gb" in oom["error"] and oom["predictions_path"] is None
+    assert "exceeds memory.limit_gb" in oom["error"] and oom["predictions_path"] is None
 
 
 def test_budget_below_the_weights_is_one_line_exit_2_and_no_record(tmp_path, capsys):
     weights = kvrun.models.load_model(_compose(*TINY)).weights_bytes
     with pytest.raises(SystemExit) as e:
-        cli.main([*TINY, f"memory.budget_gb={weights / 2 / memory.GiB}", f"results_dir={tmp_path}"])
+        cli.main([*TINY, f"memory.limit_gb={weights / 2 / memory.GiB}", f"results_dir={tmp_path}"])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and "\n" not in err
-    assert err.startswith("kvbench: error: memory.budget_gb=") and "the model alone does not fit" in err
+    assert err.startswith("kvbench: error: memory.limit_gb=") and "the model alone does not fit" in err
     assert read_records(tmp_path) == []
 
 
 # ------------------------------------------------------------------------------------- bad input
 BAD = {
-    "memory.budget_gb=0": "memory.budget_gb",
-    "memory.budget_gb=-2": "memory.budget_gb",
-    "memory.budget_gb=lots": "memory.budget_gb",
-    "memory.budget_gb=inf": "memory.budget_gb",
-    "memory.budget_gb=nan": "memory.budget_gb",
+    "memory.budget_gb=1": "memory.budget_gb: was renamed memory.limit_gb",  # the old key, named with the new one
+    "memory.limit_gb=0": "memory.limit_gb",
+    "memory.limit_gb=-2": "memory.limit_gb",
+    "memory.limit_gb=lots": "memory.limit_gb",
+    "memory.limit_gb=inf": "memory.limit_gb",
+    "memory.limit_gb=nan": "memory.limit_gb",
     "search.max_batch=true search.candidates=[]": "search.candidates",
     "search.max_batch=true search.candidates=[4,-2]": "search.candidates",
     "search.max_batch=true search.candidates=[1.5]": "search.candidates",
@@ -263,7 +264,7 @@ BAD = {
     "search.max_batch=true search.max=0": "search.max",
     "search.max_batch=true search.decode_steps=0": "search.decode_steps",
     "search.only=true": "search.only",
-    "device=cpu search.max_batch=true": "memory.budget_gb",  # on CPU nothing would ever refuse a batch
+    "device=cpu search.max_batch=true": "memory.limit_gb",  # on CPU nothing would ever refuse a batch
     "search.max_batch=true batch_size=8": "batch_size",
 }
 

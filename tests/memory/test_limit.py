@@ -24,17 +24,17 @@ def test_cpu_admission_at_the_usable_bytes():
     with pytest.raises(limit.MemoryLimitExceeded) as e:
         m.admit(acc(m.usable + 1))
     assert isinstance(e.value, OutOfMemory) and e.value.kind == "accounted" and e.value.account.total == m.usable + 1
-    assert "memory.budget_gb=1 less memory.reserve_gb=0.25 on cpu" in str(e.value)  # the user's key, unchanged
+    assert "memory.limit_gb=1 less memory.reserve_gb=0.25 on cpu" in str(e.value)  # the user's key, unchanged
 
 
 def test_memory_limit_of_reads_the_config_keys():
-    cfg = OmegaConf.create({"memory": {"budget_gb": 2, "reserve_gb": None}})
+    cfg = OmegaConf.create({"memory": {"limit_gb": 2, "reserve_gb": None}})
     assert limit.memory_limit_of(cfg) == limit.MemoryLimit(2.0, 0.0)
-    assert limit.memory_limit_of(OmegaConf.create({"memory": {"budget_gb": None}})) is None
+    assert limit.memory_limit_of(OmegaConf.create({"memory": {"limit_gb": None}})) is None
 
 
-def test_old_names_are_aliases():
+def test_old_names_are_gone():
+    """"Budget" means KV pairs: the memory limit's old names are deleted, not aliased."""
     from kvbench import memory
 
-    assert memory.Budget is limit.MemoryLimit and memory.BudgetExceeded is limit.MemoryLimitExceeded
-    assert memory.budget_of is limit.memory_limit_of
+    assert not any(hasattr(memory, n) for n in ("Budget", "BudgetExceeded", "budget_of"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvbench import budgets as B
 from kvbench.policies import TOVA, KeyDiff, Knorm, Random, SnapKV, StreamingLLM
 from kvbench.policies.random import mix
 from tests import reference as R
@@ -85,7 +86,7 @@ def test_streaming_llm_keeps_sinks_and_the_newest(tiny_llama):
     for b in range(len(PROMPTS)):
         assert evictions[b]
         for seen, kept in evictions[b]:
-            want = [0, 1, 2, 3] + list(range(seen - (policy.keep_after_evict - 4), seen))
+            want = [0, 1, 2, 3] + list(range(seen - (B.keep(policy, policy.kv_size) - 4), seen))
             assert all(h == want for heads in kept for h in heads)
     assert StreamingLLM().protect_first == 4 and StreamingLLM().name == "streaming_llm"
 

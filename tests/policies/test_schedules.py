@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvbench import budgets as B
 from kvbench import memory
 from kvbench.errors import ConfigError
 from kvbench.policies import (
@@ -48,7 +49,7 @@ def pid(p) -> str:
 @pytest.mark.parametrize("batch_size", [1, 4])
 @pytest.mark.parametrize("policy", POLICIES, ids=pid)
 def test_after_prefill_matches_reference_per_sample(tiny_llama, policy, batch_size):
-    budgets = policy.sample_budgets([len(p) for p in PROMPTS]).tolist()
+    budgets = B.sample_budgets(policy, [len(p) for p in PROMPTS]).tolist()
     if policy.compression_ratio is not None:
         assert budgets == [int(len(p) * (1 - policy.compression_ratio)) for p in PROMPTS]  # kvpress's count
     refs = []
@@ -72,7 +73,7 @@ def test_pyramidkv_after_prefill_per_layer(tiny_phi3):
     policy = PyramidKV(compression_ratio=0.5, schedule=AP, window=4, kernel=5, pooling="avg")
     prompts = random_prompts((60, 45, 70), seed=13)
     for p in prompts:
-        ks = policy.budgets([len(p)], 2)[:, 0].tolist()
+        ks = B.layer_budgets(policy, [len(p)], 2)[:, 0].tolist()
         spec = spec_of(policy)
         spec = R.Spec(**{**spec.__dict__, "kv_size": ks[0], "layer_kv": tuple(ks)})
         ref = reference("phi3", tuple(p), spec)
@@ -82,11 +83,11 @@ def test_pyramidkv_after_prefill_per_layer(tiny_phi3):
 
 def test_budgets_capacity_and_record_fields():
     p = Knorm(compression_ratio=0.75, schedule=AP, evict_every=64)
-    assert p.kv_size is None and p.once and p.min_budget == 1
-    assert p.sample_budgets([100, 7, 3]).tolist() == [25, 1, 1]
-    budgets = p.budgets([100, 7], 3)
-    assert p.capacities([100, 7], 10, budgets) == [100] * 3  # the prompt first; then 25 + 10 fit
-    assert p.decode_capacity(25, 10) == 35
+    assert p.kv_size is None and p.once and B.min_budget(p) == 1
+    assert B.sample_budgets(p, [100, 7, 3]).tolist() == [25, 1, 1]
+    budgets = B.layer_budgets(p, [100, 7], 3)
+    assert B.capacities(p, [100, 7], 10, budgets) == [100] * 3  # the prompt first; then 25 + 10 fit
+    assert B.decode_capacity(p, 25, 10) == 35
     assert p.describe()["extensions"] == ["compression_ratio=0.75: each sample keeps int(its prompt x 0.25) pairs "
                                           "(kvpress's count), at least 1"]  # the published schedule: no departure
     assert any("after_prefill" in e for e in H2O(kv_size=64, schedule=AP).describe()["extensions"])
@@ -106,8 +107,8 @@ def test_account_matches_the_allocation(tiny_llama, policy):
     lengths = (90, 70, 40)
     ids = random_prompts(lengths, seed=3)
     acc = memory.account(tiny_llama.model, list(lengths), policy, max_new_tokens=6).devices["cpu"]
-    with kv_attention(tiny_llama.model, backend="sdpa", needs_attention=policy.needs_attention), AllocatedBytes() as m:
-        generate_batch(tiny_llama.model, ids, policy, max_new_tokens=6)
+    with kv_attention(tiny_llama.model), AllocatedBytes() as m:
+        generate_batch(tiny_llama.model, ids, policy, max_new_tokens=6, attention="sdpa")
     assert 0.99 * m.peak <= acc.kv_cache + acc.transient <= 1.15 * m.peak, (acc.kv_cache + acc.transient, m.peak)
 
 

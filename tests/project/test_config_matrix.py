@@ -44,7 +44,7 @@ from kvbench.conf import load_option
 from kvbench.config import CONF_DIR, prepare
 from kvbench.engine import _Batch
 from kvbench.results import read_jsonl, read_records
-from kvbench.serve import attention as paged_attention
+from kvbench.serve import paged_attention as paged_attention
 from kvbench.serve.model_runner import ModelRunner
 from kvbench.serve.scheduler import Scheduler
 from tests.conftest import assert_one_line_exit_2
@@ -100,7 +100,7 @@ class Spy:
         for kernel in (static_attention.sdpa, static_attention.flash, static_attention.eager, static_attention.fused):
             name = kernel.__name__.rsplit(".", 1)[-1]
             mp.setattr(kernel, f"{name}_attention", self.tap(getattr(kernel, f"{name}_attention"), name))
-        mp.setattr(paged_attention, "_fused", self.tap(paged_attention._fused, "paged_fused"))
+        mp.setattr(paged_attention, "fused_attention", self.tap(paged_attention.fused_attention, "paged_fused"))
         sdpa = self.tap(torch.nn.functional.scaled_dot_product_attention, "paged_sdpa")
         mp.setattr(paged_attention, "F", types.SimpleNamespace(scaled_dot_product_attention=sdpa))
         mp.setattr(_Batch, "__init__", self.batch_init(_Batch.__init__))

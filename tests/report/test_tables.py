@@ -26,7 +26,7 @@ def _rec(run_id, policy, b, kv, metric=None, tok=None, status="ok", task="cnndm"
         "kv_size": kv, "evict_every": 64, "schedule": schedule, "batch_size": b, "n_samples": 960,
         "max_new_tokens": 512, "metrics": {} if metric is None else {name: metric, "rouge1": 0.3},
         "throughput_tok_s": tok, "peak_mem_bytes": None, "search": None,
-        "config": {"memory": {"budget_gb": 31.75}}, **extra,
+        "config": {"memory": {"limit_gb": 31.75}}, **extra,
     }
 
 
@@ -159,7 +159,7 @@ def test_fkv_at_zero_is_flagged(tmp_path):
 
 # ------------------------------------------------------------------------ issue 13: truthful tables
 def _setting(n_shot, **more):
-    return {"task": {"n_shot": n_shot, "seed": 0, "prompt_style": "chat"}, "memory": {"budget_gb": 31.75},
+    return {"task": {"n_shot": n_shot, "seed": 0, "prompt_style": "chat"}, "memory": {"limit_gb": 31.75},
             "device": "cuda", **more}
 
 

@@ -103,7 +103,7 @@ def test_plan_with_an_unknown_model_is_one_line(tmp_path):
     # capture had closed, which killed the interpreter ("lost sys.stderr") when the paper's plans ran first
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     out = subprocess.run([sys.executable, "-m", "kvbench.capacity", "model=llama2-13b-chat", "model.pretrained=nobody/nothing",
-                          "plan.prompt_tokens=100", "memory.budget_gb=10", f"results_dir={tmp_path}"],
+                          "plan.prompt_tokens=100", "memory.limit_gb=10", f"results_dir={tmp_path}"],
                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     err = out.stderr.strip()
     assert out.returncode == 2 and "\n" not in err and err.startswith("kvbench-plan: error: model.pretrained"), err
@@ -114,7 +114,7 @@ def test_kvbench_refuses_the_plan_values_kvbench_plan_refuses(arg, tmp_path, cap
     key = arg.split("=")[0]
     assert_one_line_exit_2(cli.main, [*TINY, arg, f"results_dir={tmp_path}"], capsys, key)
     with pytest.raises(SystemExit) as exc:
-        capacity.main([arg, "memory.budget_gb=10", f"results_dir={tmp_path}"])
+        capacity.main([arg, "memory.limit_gb=10", f"results_dir={tmp_path}"])
     assert exc.value.code == 2 and key in capsys.readouterr().err
 
 

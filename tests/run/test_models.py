@@ -25,6 +25,6 @@ def test_the_same_model_is_loaded_once_and_only_one_is_kept():
 
 def test_a_limit_below_the_weights_is_refused_by_its_key():
     weights = models.load_model(_cfg()).weights_bytes
-    with pytest.raises(memory.ModelDoesNotFit, match="memory.budget_gb"):
-        models.load_within(_cfg(), memory.Budget(weights / 2 / memory.GiB))
-    assert models.load_within(_cfg(), memory.Budget(weights * 2 / memory.GiB)) is models.load_model(_cfg())
+    with pytest.raises(memory.ModelDoesNotFit, match="memory.limit_gb"):
+        models.load_within(_cfg(), memory.MemoryLimit(weights / 2 / memory.GiB))
+    assert models.load_within(_cfg(), memory.MemoryLimit(weights * 2 / memory.GiB)) is models.load_model(_cfg())

@@ -62,7 +62,7 @@ def test_oom_kind_of_exceptions():
         hidden=8, intermediate=8, vocab=8, q_heads=1, kv_heads=1, head_dim=8, dtype=torch.float32, mlp_buffers=3,
         fused_qkv=False, weights={"cpu": 1}, layers={"cpu": 1}), [4], build_policy(_compose(*TINY)),
         max_new_tokens=1)
-    assert memory.oom_kind(memory.BudgetExceeded("over", acc)) == "accounted"
+    assert memory.oom_kind(memory.MemoryLimitExceeded("over", acc)) == "accounted"
     assert memory.oom_kind(torch.cuda.OutOfMemoryError("CUDA out of memory")) == "measured"
     assert memory.oom_kind(RuntimeError("DefaultCPUAllocator: can't allocate memory")) == "measured"
     assert memory.oom_kind(OutOfMemory("search", kind="accounted")) == "accounted"
@@ -116,7 +116,7 @@ def test_measured_oom_is_retried_once_accounted_is_final(tmp_path, monkeypatch):
     assert len(calls) == 2 and third["run_id"] == second["run_id"] and len(read_records(tmp_path)) == 2
 
     monkeypatch.setattr(kvrun.static, "execute", execute)
-    small = [*args, "seed=3", f"memory.budget_gb={kvrun.models.load_model(_compose(*TINY)).weights_bytes * 1.01 / memory.GiB}"]
+    small = [*args, "seed=3", f"memory.limit_gb={kvrun.models.load_model(_compose(*TINY)).weights_bytes * 1.01 / memory.GiB}"]
     acc = kvrun.run(_compose(*small))
     again = kvrun.run(_compose(*small))
     assert (acc["status"], acc["oom_kind"]) == ("oom", "accounted") and again["run_id"] == acc["run_id"]
@@ -125,7 +125,7 @@ def test_measured_oom_is_retried_once_accounted_is_final(tmp_path, monkeypatch):
 def test_search_records_the_kind_of_its_oom_trials(tmp_path, monkeypatch):
     budget = kvrun.models.load_model(_compose(*TINY)).weights_bytes * 1.001 / memory.GiB
     rec = kvrun.run(_compose(*TINY, "batch_size=1", "search.max_batch=true", "search.only=true",
-                              f"memory.budget_gb={budget}", f"results_dir={tmp_path}"))
+                              f"memory.limit_gb={budget}", f"results_dir={tmp_path}"))
     assert rec["status"] == "oom" and rec["oom_kind"] == "accounted"
     assert [t["oom_kind"] for t in rec["search"]["trials"]] == ["accounted"]
 
@@ -134,6 +134,6 @@ def test_search_records_the_kind_of_its_oom_trials(tmp_path, monkeypatch):
 
     monkeypatch.setattr(search.engine, "generate", cuda_oom)
     rec = kvrun.run(_compose(*TINY, "batch_size=1", "search.max_batch=true", "search.only=true",
-                              "memory.budget_gb=100", f"results_dir={tmp_path}"))
+                              "memory.limit_gb=100", f"results_dir={tmp_path}"))
     assert rec["status"] == "oom" and rec["oom_kind"] == "measured"
     assert [t["oom_kind"] for t in rec["search"]["trials"]] == ["measured"]

@@ -48,7 +48,7 @@ def test_serve_records_no_batch_size_nor_evict_every():
 
 
 def test_a_plan_record_never_shares_a_runs_identity():
-    cfg = _cfg("memory.budget_gb=1")
+    cfg = _cfg("memory.limit_gb=1")
     run, plan = stamp(cfg), plan_record(cfg, task="passkey", n_samples=3, device="CPU", plan={"rows": []})
     assert list(plan) == PLAN_FIELDS and (plan["mode"], plan["status"], plan["error"]) == ("plan", "ok", None)
     assert re.fullmatch(HASH, run["config_hash"]) and plan["config_hash"] == f"plan-{run['config_hash']}"

@@ -97,7 +97,7 @@ def test_recorded_batch_size_is_the_one_that_ran(tmp_path, capsys):
     assert any("larger than the 3 samples" in n for n in rec["notes"])
     assert "WARNING] - batch_size=8 is larger than the 3 samples" in capsys.readouterr().out  # Hydra's log
     cli.main([*TINY[:-1], "task.n_samples=3", "search.max_batch=true", "search.only=true", "search.probe=account",
-              "memory.budget_gb=10", "search.candidates=[1,2,4,8,64]", f"results_dir={tmp_path}"])
+              "memory.limit_gb=10", "search.candidates=[1,2,4,8,64]", f"results_dir={tmp_path}"])
     searched = read_records(tmp_path)[-1]
     assert searched["search"]["max_batch_size"] == searched["batch_size"] == 3
     assert [t["batch_size"] for t in searched["search"]["trials"]] == [1, 2, 3]

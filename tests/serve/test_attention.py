@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.serve.layout import DECODE_PAD, Layout
+from kvbench.serve.page_layout import DECODE_PAD, Layout
 
 
 def layout(n_before, k, bs=4):

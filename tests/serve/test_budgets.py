@@ -119,7 +119,7 @@ def test_adaptive_head_budgets_keep_adakvs_pairs_and_free_pages_per_head(tiny_ll
     scores are a hash of (layer, head, position), recomputed here from positions alone), and the pool's free
     pages are exactly what the heads' own counts leave."""
     from kvbench.policies import Random
-    from kvbench.policies.base import ScoreStats
+    from kvbench.policies.base import ScoreContext
     from kvbench.serve import model_runner
 
     b, bs, P = 12, 1, 40  # one-slot pages: each head keeps exactly its pairs
@@ -142,7 +142,7 @@ def test_adaptive_head_budgets_keep_adakvs_pairs_and_free_pages_per_head(tiny_ll
     out = serve(tiny_llama.model, [r], policy, num_blocks=40, block_size=bs, max_tokens_per_step=64)
     held, pos, valid, pages = seen[0]
     L, H = held.shape
-    score = policy.score(ScoreStats(pos=torch.arange(P).expand(L, 1, H, P), last=torch.full((1, 1, 1, 1), P - 1),
+    score = policy.score(ScoreContext(pos=torch.arange(P).expand(L, 1, H, P), last=torch.full((1, 1, 1, 1), P - 1),
                                     layers=torch.arange(L)[:, None, None, None]))[:, 0]  # (L, H, P)
     floor = int(b * 0.25)
     for layer in range(L):

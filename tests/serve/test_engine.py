@@ -178,7 +178,7 @@ def test_eviction_invariants(tiny, policy):
 
 
 def test_window_drops_oldest_block(tiny_llama):
-    from kvbench.serve.evict import BlockRule
+    from kvbench.serve.block_evict import BlockRule
 
     prompts = random_prompts((30,), seed=8)
     (req,) = requests(prompts, 4)

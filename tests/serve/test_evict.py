@@ -6,15 +6,15 @@ from __future__ import annotations
 import torch
 
 from kvbench.policies import H2O, BatchMax, Full, Window
-from kvbench.policies.base import ScoreStats
-from kvbench.serve.evict import BlockRule, block_scores, choose_blocks
+from kvbench.policies.base import ScoreContext
+from kvbench.serve.block_evict import BlockRule, block_scores, choose_blocks
 
 
 def stats(sum_w: list[float], L=2, H=2):
     N = len(sum_w)
     pos = torch.arange(N)[None, None, None, :].expand(L, 1, H, N)
     w = torch.tensor(sum_w, dtype=torch.float32)[None, None, None, :].expand(L, 1, H, N)
-    return ScoreStats(pos=pos, last=torch.full((1, 1, 1, 1), N - 1), sum_w=w, last_w=w)
+    return ScoreContext(pos=pos, last=torch.full((1, 1, 1, 1), N - 1), sum_w=w, last_w=w)
 
 
 def test_window_drops_the_oldest_evictable_block():

@@ -11,8 +11,8 @@ from kvbench import run as kvrun
 from kvbench.config import CONF_DIR
 from kvbench.policies import H2O, BatchMax, Full
 from kvbench.serve import metrics
+from kvbench.serve.block_evict import BlockRule
 from kvbench.serve.engine import ServeOutput
-from kvbench.serve.evict import BlockRule
 from kvbench.serve.limits import Pool, fewest_sequences_to_fill, longest_generation, replay
 from kvbench.serve.request import Request
 from tests.conftest import assert_one_line_exit_2
@@ -78,7 +78,7 @@ def test_openvino_preset_sets_its_areas_and_norm_sum(tmp_path):
     ("mode=serve serve.eviction=vllm", "serve.eviction"),
     ("mode=serve serve.slo_ttft_s=0", "serve.slo_ttft_s"),
     ("mode=serve serve.slo_tpot_s=-1", "serve.slo_tpot_s"),
-    ("mode=serve_limits serve.num_blocks=null memory.budget_gb=4", "serve.num_blocks"),
+    ("mode=serve_limits serve.num_blocks=null memory.limit_gb=4", "serve.num_blocks"),
     ("mode=serve serve.limit_cap=0", "serve.limit_cap"),
 ])
 def test_bad_serve_values_stop_before_the_model(args, key, tmp_path, capsys, monkeypatch):

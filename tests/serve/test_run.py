@@ -98,7 +98,7 @@ def test_pool_sized_from_the_budget(tiny_llama):
     per = PagedPool.block_bytes(num_layers=2, block_size=16, num_kv_heads=2, head_dim=16, dtype=tiny_llama.model.dtype,
                                 track_attention=False)
     gb = (weights + 10.5 * per) / memory.GiB
-    assert pool_blocks(cfg, tiny_llama, Full(), memory.Budget(gb)) == 10
+    assert pool_blocks(cfg, tiny_llama, Full(), memory.MemoryLimit(gb)) == 10
     pool = PagedPool(num_layers=2, num_blocks=10, block_size=16, num_kv_heads=2, head_dim=16,
                      dtype=tiny_llama.model.dtype, device="cpu", track_attention=False)
     assert pool.nbytes() == 10 * per  # the sizing counts exactly what the pool allocates

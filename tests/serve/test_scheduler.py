@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvbench.serve.block_evict import BlockRule
 from kvbench.serve.blocks import BlockManager, blocks_for
-from kvbench.serve.evict import BlockRule
 from kvbench.serve.request import Request
 from kvbench.serve.scheduler import Scheduler
 

@@ -154,12 +154,13 @@ def kinds(config) -> ModelKinds:
     )
 
 
-def check_policy(config, policy, seq_len: int | None = None) -> ModelKinds:
+def check_policy(config, policy, seq_len: int | None = None, k: ModelKinds | None = None) -> ModelKinds:
     """A model kvbench runs exactly under `policy` (kvbench.policies.Policy) on sequences of at most `seq_len`
     tokens (None: any), else ConfigError (one line, exit code 2): a refused family, an evicting policy on a model
     none of whose layers it could compress (every layer windowed, each window shorter than the sequences), or
-    re-rotation with a windowed layer or a RoPE that is not one rotation of every layer's keys."""
-    k = kinds(config)
+    re-rotation with a windowed layer or a RoPE that is not one rotation of every layer's keys. `k`: the model's
+    kinds when already read (the family is read once per run)."""
+    k = kinds(config) if k is None else k
     windows = k.windows if seq_len is None else k.windows_for(seq_len)
     if policy.evicts and all(w is not None for w in windows):
         longer = "" if seq_len is None else f" shorter than the run's {seq_len}-token sequences"

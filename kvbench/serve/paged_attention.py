@@ -1,10 +1,11 @@
-"""Attention over the paged pool, registered with transformers like kvbench's static attention.
+"""Attention over the paged pool: serve mode's attention step (`PagedStep`), the object kvbench's registered
+attention function hands each layer to (kvbench.attention.interface), as the static engine's `StaticStep`.
 
-`paged_attention` is registered under its own name (with a mask function returning None: what each query
-sees comes from the forward's `Layout`) and is active only inside `paged(model)`, on that model. The model
-runs with `use_cache=False` on the packed tokens of every scheduled request: each layer's new keys/values
-(RoPE applied) are written into their pages here (each (layer, KV head) its own), then each `Part` of the
-layout (a prefill chunk, or a group of decode rows of similar length) attends over its own pages:
+The model runs with `use_cache=False` on the packed tokens of every scheduled request, inside
+`kvbench.attention.kv_attention(model)`, with the forward's `PagedStep` as the keyword `kvbench_step`: each
+layer's new keys/values (RoPE applied) are written into their pages here (each (layer, KV head) its own), then
+each `Part` of the layout (a prefill chunk, or a group of decode rows of similar length) attends over its own
+pages:
 
 * CPU, or CUDA without flash-attn: the part's pages are gathered (one index per page) and one SDPA call
   runs over them (`sdpa`); when the heads of a row hold different counts the G query heads of a KV group
@@ -12,28 +13,23 @@ layout (a prefill chunk, or a group of decode rows of similar length) attends ov
   output and their statistics from ONE set of probabilities (kvbench.attention's `fused` path: no second
   QK^T pass);
 * CUDA with flash-attn installed, a policy that needs no statistics and a block size that is a multiple of
-  256 (flash-attn's paged-KV constraint): `flash_attn_with_kvcache` reads the pages in place, each
-  (row, KV head) a sequence of its own. This path has not run on a GPU yet (no GPU has been lent to this
-  project's serving work); `PAGED_FLASH` says whether it may be used.
+  256 (flash-attn's paged-KV constraint, `FLASH_BLOCK`): `flash_attn_with_kvcache` reads the pages in place,
+  each (row, KV head) a sequence of its own (`backend` decides; tests/flash_standin.py runs it on the CPU).
 
 The record's `attention` names what ran: `paged_sdpa`, `paged_fused` (scored policies), `paged_flash`.
 """
 
 from __future__ import annotations
 
-import contextlib
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface
 
-from kvbench import attention as _attention
-from kvbench.attention import SCORE_CHUNK, _fused
+from kvbench.attention import SCORE_CHUNK, flash_available
+from kvbench.attention.fused import fused_attention
 
-NAME = "kvbench_paged"
 FLASH_BLOCK = 256  # flash-attn's paged KV needs a page size that is a multiple of this
-_state = {"score_chunk": SCORE_CHUNK}
 
 
 def backend(device: torch.device, dtype: torch.dtype, track: bool, block_size: int) -> str:
@@ -41,7 +37,7 @@ def backend(device: torch.device, dtype: torch.dtype, track: bool, block_size: i
     if track:
         return "paged_fused"
     half = dtype in (torch.float16, torch.bfloat16)
-    if half and _attention.flash_available(device) and block_size % FLASH_BLOCK == 0:
+    if half and flash_available(device) and block_size % FLASH_BLOCK == 0:
         return "paged_flash"
     return "paged_sdpa"
 
@@ -71,22 +67,41 @@ def _sdpa(qp, k, v, part, view, scaling):
     return o.view(R, Hq, Kq, D).transpose(1, 2)
 
 
-def paged_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """query (1, Hq, T, D), key/value (1, H_kv, T, D): the packed new tokens of every request."""
-    pool, lay = kwargs["kvbench_pool"], kwargs["kvbench_layout"]
-    layer = module.layer_idx
+@dataclass
+class PagedStep:
+    """One forward over the paged pool: the pool, the forward's layout, the backend (`backend()`) and the query
+    chunk of the statistics; `windows`: the requests' query windows to update (kvbench.serve.queries), or None."""
+
+    pool: object
+    layout: object  # kvbench.serve.page_layout.Layout
+    attention: str = "paged_sdpa"
+    score_chunk: int = SCORE_CHUNK
+    windows: object = None
+    hidden_states: dict = field(default_factory=dict)  # layer -> its input hidden states (1, T, h), when declared
+
+    def hidden(self, layer: int, states: torch.Tensor) -> None:
+        self.hidden_states[layer] = states
+
+    def attend(self, module, query, key, value, scaling, kwargs) -> torch.Tensor:
+        """query (1, Hq, T, D), key/value (1, H_kv, T, D): the packed new tokens of every request."""
+        return paged_attention(self, module.layer_idx, query, key, value, scaling)
+
+
+def paged_attention(st: PagedStep, layer: int, query, key, value, scaling) -> torch.Tensor:
+    """Write the layer's new pairs into their pages, then attend part by part; returns (1, T, Hq, D)."""
+    pool, lay = st.pool, st.layout
     w = lay.write[layer]  # (T, H)
     pool.k[w] = key[0].transpose(0, 1).to(pool.k.dtype)  # (T, H, D)
     pool.v[w] = value[0].transpose(0, 1).to(pool.v.dtype)
     if pool.k_src is not None:  # re-rotation's source: the keys as written
         pool.k_src[w] = pool.k[w]
-    if lay.windows is not None:
-        lay.windows.update(layer, query, scaling)
+    if st.windows is not None:
+        st.windows.update(layer, query, scaling)
     D, bs = pool.k.shape[-1], pool.block_size
     kp, vp = pool.k.view(-1, bs, D), pool.v.view(-1, bs, D)  # (P, bs, D)
     q = query[0].transpose(0, 1)  # (T, Hq, D)
     out = torch.empty(q.shape, dtype=query.dtype, device=query.device)
-    kind = lay.attention
+    kind = st.attention
     if pool.track:
         pool.sum_w[w] = 0.0  # a new pair starts from nothing (its slot may hold a former owner's)
     for part in lay.parts:
@@ -102,7 +117,7 @@ def paged_attention(module, query, key, value, attention_mask, scaling=None, dro
             v = vp.index_select(0, b.flatten()).view(*b.shape[:2], -1, D)
         view = part.at(layer)
         if kind == "paged_fused":  # output and statistics from one set of probabilities
-            o, (w_sum, w_last) = _fused(qp, k.to(qp.dtype), v.to(qp.dtype), view, scaling, _state["score_chunk"])
+            o, (w_sum, w_last) = fused_attention(qp, k.to(qp.dtype), v.to(qp.dtype), view, scaling, st.score_chunk)
             slots, valid = part.slots(layer)
             n = w_sum.shape[-1]  # a first chunk's N is its own length
             idx = slots[..., :n][valid[..., :n]]  # distinct slots: no page has two owners
@@ -111,27 +126,4 @@ def paged_attention(module, query, key, value, attention_mask, scaling=None, dro
         else:
             o = _sdpa(qp, k.to(qp.dtype), v.to(qp.dtype), part, view, scaling)
         out[part.out] = o[part.real]
-    return out[None], None  # (1, T, Hq, D)
-
-
-def _no_mask(*args, **kwargs):
-    return None
-
-
-def register() -> None:
-    if NAME not in AttentionInterface._global_mapping:
-        AttentionInterface.register(NAME, paged_attention)
-        AttentionMaskInterface.register(NAME, _no_mask)
-
-
-@contextlib.contextmanager
-def paged(model, score_chunk: int = SCORE_CHUNK):
-    """Run `model` with paged attention inside the block; restore its implementation after."""
-    register()
-    previous = model.config._attn_implementation
-    _state["score_chunk"] = score_chunk
-    model.set_attn_implementation(NAME)
-    try:
-        yield model
-    finally:
-        model.set_attn_implementation(previous or "sdpa")
+    return out[None]  # (1, T, Hq, D)

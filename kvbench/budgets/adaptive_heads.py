@@ -1,4 +1,4 @@
-"""AdaKV's allocation rule (Feng et al., 2024, "Ada-KV: Optimizing KV Cache Eviction by Adaptive Budget
+"""The adaptive head rule (`head_budget=adaptive`): AdaKV's allocation (Feng et al., 2024, "Ada-KV: Optimizing KV Cache Eviction by Adaptive Budget
 Allocation"): a layer keeps its budget x heads pairs, chosen by score across all its KV heads at once, so a
 head whose attention is concentrated gives pairs to one whose attention is spread; a safeguard keeps each
 head at least a share of the budget.
@@ -13,11 +13,21 @@ per head on average, with the safeguard share alpha (`policy.head_floor`, kvpres
 A head's kept pairs are then its own c_h best (the rule only decides the counts), so `head_counts` returns
 the counts and the cache's selection (kvbench.cache.evict.select) keeps each head's c_h best, as for a
 uniform budget. Pure: scores in, counts out; vectorised over layers, samples and heads.
+
+What the engine needs of it (`AdaptiveHeads`): a score (`needs_score`, so not a policy that keeps the newest pairs by
+position), one choice when the prompt is compressed (`once_only`: schedule=after_prefill), heads holding different
+counts (`uneven`: no re-rotation), and each head at most `slots` = heads x pairs - (heads - 1) x floor pairs (every
+other head at its floor): what the cache preallocates and the memory account charges.
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
+
+from kvbench.budgets.rule import HeadRule
+from kvbench.errors import ConfigError
 
 INF = float("inf")
 TRANSIENT_BYTES = 4 + 8 + 4 + 4 + 12 + 8 + 8  # the float copy, sort indices, the ranked copy, its scatter, the
@@ -53,3 +63,43 @@ def head_counts(score: torch.Tensor, keep: torch.Tensor, share: float) -> torch.
     chosen = torch.arange(H * N, device=flat.device) >= H * N - H * keep[None, :, None]  # (1, B, H N) by rank
     counts = torch.zeros(L, B, H, dtype=torch.long, device=flat.device)
     return counts.scatter_add_(-1, flat // N, chosen.expand(L, B, H * N).long())
+
+
+class AdaptiveHeads(HeadRule):
+    name: ClassVar[str] = "adaptive"
+    needs_score: ClassVar[bool] = True
+    once_only: ClassVar[bool] = True
+    uneven: ClassVar[bool] = True
+    transient: ClassVar[int] = 8 + TRANSIENT_BYTES  # the ranked scores' copy, then `head_counts`'s own
+
+    def validate(self, policy) -> None:
+        hb = policy.head_budget
+        if policy.keeps_newest:
+            raise ConfigError("policy.head_budget", f"{policy.name} keeps the newest pairs by position: adaptive head "
+                              "budgets need a score that differs by head", hb)
+        if not policy.once:
+            raise ConfigError("policy.head_budget", "adaptive head budgets are chosen once, when the prompt is "
+                              "compressed after prefill (AdaKV's protocol): use policy.schedule=after_prefill", hb)
+        if policy.rerotate:
+            raise ConfigError("policy.head_budget", "adaptive head budgets give heads different counts; "
+                              "policy.rerotate needs one count (rotary positions are shared)", hb)
+
+    def slots(self, policy, pairs, heads: int | None):
+        """heads x pairs - (heads - 1) x floor: every other head at its floor int(pairs x head_floor) (kvpress's
+        `n_safe`). `heads=None`: ValueError (the bound depends on the model's KV heads)."""
+        if heads is None:
+            raise ValueError("head_budget=adaptive: the slots a head may hold depend on the KV heads (pass heads=)")
+        if isinstance(pairs, torch.Tensor):
+            floor = (pairs.double() * policy.head_floor).floor().long()
+        else:
+            floor = int(pairs * policy.head_floor)
+        return heads * pairs - (heads - 1) * floor
+
+    def counts(self, policy, ranked: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        return head_counts(ranked, keep, policy.head_floor)
+
+    def extensions(self, policy) -> list[str]:
+        return [f"head_budget=adaptive: AdaKV's allocation (kvpress's AdaKVPress): a layer keeps budget x KV heads "
+                f"pairs chosen by score across its heads, each head at least int(budget x {policy.head_floor:g}) "
+                "(head_floor, kvpress's alpha_safeguard); the cache holds each head's pairs packed, its memory sized "
+                "by the largest head (kvpress keeps every pair and masks the evicted keys)"]

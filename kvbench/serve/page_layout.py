@@ -106,8 +106,6 @@ class Layout:
     source: torch.Tensor  # (T,) source positions (what pool.pos keeps, what policies score by)
     last: torch.Tensor  # (R,) packed index of each request's last token in this forward
     parts: list[Part] = field(default_factory=list)
-    attention: str = "paged_sdpa"  # how the parts attend (kvbench.serve.attention.backend)
-    windows: object = None  # the query windows to update (kvbench.serve.queries), when the policy keeps them
 
     @classmethod
     def build(cls, block_size: int, tables: list[torch.Tensor], held: list[torch.Tensor], k: list[int],

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvbench.policies.base import Policy, ScoreStats
+from kvbench.policies.base import Policy, ScoreContext
 
 BLOCK_SCORES = ("sum", "norm_sum")
 
@@ -109,7 +109,7 @@ class BlockRule:
         return k, torch.clamp(-(-(held + k - budget) // bs), min=0)
 
 
-def block_scores(policy: Policy, stats: ScoreStats, block_size: int, mode: str = "sum",
+def block_scores(policy: Policy, stats: ScoreContext, block_size: int, mode: str = "sum",
                  per_head: bool = False) -> torch.Tensor:
     """Score of each full block from the policy's pair scores (stats of one request, N slots): (n_blocks,)
     summed over layers and KV heads, or with `per_head` (L, H_kv, n_blocks)."""

@@ -1,0 +1,45 @@
+"""What a policy's `score()` sees of one request in the paged pool: its pairs' statistics, per (layer, KV head).
+
+`request_stats` gathers a request's held slots from the pool (positions, attention statistics, keys, values) and its
+query window (SnapKV-like policies) into `ScoreContext` of one sample: one for every layer when all its
+(layer, KV head)s hold the same count, else one per layer with each head's own count as `n` (so scores that
+normalise over the held pairs, KeyDiff's mean key or SnapKV's softmax, see only what the head holds).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvbench.policies.base import Policy, ScoreContext
+
+
+def request_stats(pool, windows, req, policy: Policy, device) -> list[ScoreContext]:
+    """[ScoreContext (L, 1, H, N)] or, heads holding different counts, one (1, 1, H, N) per layer."""
+    slots, valid = pool.slots(req.pages, req.held)
+    slots = slots.to(device)
+    L, H, N = slots.shape
+    pos = pool.pos[slots][:, None]  # (L, 1, H, N)
+    sw = lw = keys = values = queries = qpos = None
+    if pool.track:
+        sw, lw = pool.sum_w[slots][:, None], pool.last_w[slots][:, None]  # (L, 1, H, N)
+    if policy.needs.keys:  # Knorm, KeyDiff, SnapKV: the request's cached keys, as stored (RoPE applied)
+        keys = pool.k[slots][:, None]  # (L, 1, H, N, D)
+    if policy.needs.values:  # the request's cached values
+        values = pool.v[slots][:, None]  # (L, 1, H, N, D)
+    if windows is not None:
+        queries, qpos = windows.get(req.rid)
+    scale = windows.scale if windows is not None else None
+    last = torch.full((1, 1, 1, 1), req.num_computed - 1, device=device)
+    layers = torch.arange(L, device=device)[:, None, None, None]
+    if bool(valid.all()):
+        return [ScoreContext(pos=pos, last=last, sum_w=sw, last_w=lw, keys=keys, values=values, queries=queries,
+                             query_pos=qpos, scale=scale, n=torch.full((1, 1, 1, 1), N, device=device), layers=layers)]
+    held = req.held.to(device)
+    return [ScoreContext(pos=pos[i:i + 1], last=last, sum_w=_at(sw, i), last_w=_at(lw, i), keys=_at(keys, i),
+                         values=_at(values, i), queries=_at(queries, i), query_pos=qpos, scale=scale,
+                         n=held[i][None, None, :, None], layers=layers[i:i + 1]) for i in range(L)]
+
+
+def _at(t: torch.Tensor | None, i: int) -> torch.Tensor | None:
+    """Layer i of a statistic (kept 4- or 5-dimensional), or None."""
+    return None if t is None else t[i:i + 1]
