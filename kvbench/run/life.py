@@ -127,7 +127,8 @@ def _prompts(cfg: DictConfig, record: dict, lm: LoadedModel, policy, task, promp
         record["state_bytes_per_sequence"] = kinds.state.bytes_per_sequence(lm.model.dtype)
         if policy.evicts:
             record["extensions"].append(f"linear-attention layers {list(kinds.linear)} keep their whole state (nothing "
-                                        "to evict); prompts run on one grid of blocks, as if left-padded to the longest")
+                                        "to evict); each prompt's blocks run on one axis, as if left-padded to the longest prompt, split "
+                                        "where another prompt's block ends")
     if any(bands):
         record["extensions"].append(
             f"windowed layers {[i for i, b in enumerate(bands) if b]} are compressed too (budget kv_size="

@@ -61,7 +61,9 @@ def test_the_grid_keeps_pads_out_of_the_linear_state(arch, prompts, chunk, monke
     pad.copy_(torch.randn(pad.shape, generator=torch.Generator().manual_seed(0)))
     try:
         states = _states(lm, prompts, chunk, i)
-        torch.testing.assert_close(states[0], _hf_states(lm, prompts, chunk or 70, i))
+        first = int(grid_chunks([len(p) for p in prompts], Full(), chunk)[0].max())  # the shorter prompt starts in it
+        assert first == (chunk or 70)
+        torch.testing.assert_close(states[0], _hf_states(lm, prompts, first, i))
         torch.testing.assert_close(states[-1], _hf_states(lm, prompts, 70, i))
         if chunk == 23:  # 70 = 3 x 23 + 1, 57 = 2 x 23 + 11: per sample, the longer prompt's last token follows 10 pads
             monkeypatch.setattr(engine_batch, "grid_chunks", prefill_chunks)
@@ -75,15 +77,18 @@ def test_the_grid_keeps_pads_out_of_the_linear_state(arch, prompts, chunk, monke
                                     BatchMax(kv_size=24, evict_every=8)], ids=lambda p: p.name)
 @pytest.mark.parametrize("chunk", [None, 8, 16])
 def test_grid_pads_only_before_the_first_real_token(policy, chunk):
+    """Each forward is full for every sample that has started (pads only before a sample's first token), and each
+    sample's own blocks (Algorithm 1 on its prompt) end at forward boundaries: it evicts where it would alone."""
     lengths = [70, 57, 9]
-    chunks = grid_chunks(lengths, policy, chunk)
-    table = torch.stack(chunks, dim=1)  # (B, forwards)
-    widths = table.max(dim=0).values
-    assert table.sum(dim=1).tolist() == lengths and int(widths.max()) <= (chunk or 70)
-    for row in table:
-        started = (row > 0).cumsum(0) > 0
-        first = int(started.long().argmax())
-        assert bool((row[first + 1:] == widths[first + 1:]).all())  # full blocks after its first real token
+    grid = torch.stack(grid_chunks(lengths, policy, chunk), dim=1)  # (B, forwards)
+    widths = grid.max(dim=0).values
+    assert grid.sum(dim=1).tolist() == lengths
+    for b, row in enumerate(grid):
+        first = int(((row > 0).cumsum(0) > 0).long().argmax())
+        assert bool((row[first + 1:] == widths[first + 1:]).all())
+        own = [w for w in torch.stack(prefill_chunks([lengths[b]], policy, chunk), dim=1)[0].tolist() if w]
+        ends = set(row.cumsum(0).tolist())
+        assert {sum(own[: j + 1]) for j in range(len(own))} <= ends, (b, own)
 
 
 def test_the_cache_holds_transformers_linear_state(prompts):
