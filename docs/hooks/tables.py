@@ -191,7 +191,8 @@ def models() -> str:
 def families() -> str:
     """family | its layers' attention | the tiny models the family matrix runs | the `model=` configs of it."""
     how = {family.NONE: "full in every layer", family.GLOBAL: "`sliding_window` in every layer (None: full)",
-           family.LAYER_TYPES: "per layer (`layer_types`): full or `sliding_window`"}
+           family.LAYER_TYPES: "per layer (`layer_types`): full or `sliding_window`",
+           family.HYBRID: "per layer (`layer_types`): full or Gated-DeltaNet `linear_attention` (a state per sequence)"}
     archs = {"llama": ["llama"], "phi3": ["phi3"]}
     for arch, (model_type, _) in FAMILY_ARCHS.items():
         if family.refusal(tiny_config(arch)) is None:  # the matrix also builds models kvbench refuses

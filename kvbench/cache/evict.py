@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from kvbench.budgets import head_rule, knobs
-from kvbench.cache import heads, rotate
+from kvbench.cache import band, heads, rotate
 from kvbench.cache.layout import to_device
 from kvbench.policies.base import Policy, ScoreContext
 
@@ -143,6 +143,8 @@ def evict(g, rows: torch.Tensor, keep: torch.Tensor, policy: Policy, *, seen: to
         )
         uneven = head_rule(policy).needs_score
         ranked = rank(policy.score(stats), t["pos"], last, h["n"], policy.protect_first, h["recent"])
+        if g.band:  # a compressed windowed group: what no later query sees goes first
+            ranked = band.out_of_window(ranked, t["pos"], last, g.band)
         if uneven:  # a head rule that chooses the counts (AdaKV): each head its own, the layer's total the budget's
             c, host = heads.counts(ranked, h["keep"], policy)
             kept = select(ranked, t["pos"], last, h["n"], c, 0, h["recent"], most=int(host.max()), ragged=True,

@@ -11,6 +11,7 @@ cache weakly, so a cache forms no reference cycle and is freed by reference coun
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import ClassVar
 
@@ -19,11 +20,11 @@ from transformers.cache_utils import Cache
 
 from kvbench.attention.static import StaticStep
 from kvbench.budgets import Budgets
+from kvbench.cache import band, heads, linear_state, window
 from kvbench.cache import evict as eviction
-from kvbench.cache import heads, window
 from kvbench.cache.layout import Step, device_steps, layout_forward
 from kvbench.cache.sink import LayerSink
-from kvbench.cache.storage import Group, form_groups, nbytes_for
+from kvbench.cache.storage import Group, nbytes_for
 from kvbench.cache.views import LayerView
 from kvbench.policies.base import Policy
 from kvbench.timing import SectionTimer
@@ -39,7 +40,8 @@ class KVCache(Cache):
     def __init__(self, *, batch_size: int, num_kv_heads: int, head_dim: int, capacity: int | list[int],
                  dtype: torch.dtype, layer_devices: list[torch.device | str], track_attention: bool = False,
                  gather_layers: int = 4, num_q_heads: int | None = None, query_window: int = 0,
-                 rope_inv_freq: torch.Tensor | None = None, budgets: torch.Tensor | None = None, windows=None):
+                 rope_inv_freq: torch.Tensor | None = None, budgets: torch.Tensor | None = None, windows=None,
+                 bands=None, linear=()):
         self.batch_size_, self.heads, self.head_dim, self.dtype = batch_size, num_kv_heads, head_dim, dtype
         self.q_heads, self.query_window = num_q_heads or num_kv_heads, query_window
         self.rope_inv_freq = None if rope_inv_freq is None else rope_inv_freq.detach().float().cpu()  # (R/2,)
@@ -48,14 +50,11 @@ class KVCache(Cache):
         self.room = budgets if isinstance(budgets, Budgets) else None  # kvbench.budgets: (L, B, H) counts
         layer = budgets.layer if isinstance(budgets, Budgets) else budgets
         self.budgets = None if layer is None else layer.to(torch.long).cpu()  # (L, B)
-        caps = capacity if isinstance(capacity, (list, tuple)) else [capacity]
-        self._groups = [Group(layers, batch_size, num_kv_heads, cap, head_dim, dtype, dev, track_attention, self.q_heads,
-                              query_window, budget=row, rerotate=self.rope_inv_freq is not None, index=gi, sliding=w)
-                        for gi, (dev, layers, cap, row, w) in enumerate(form_groups(layer_devices, caps, self.budgets, windows))]
-        self._where = [(g, i) for g in self._groups for i in range(len(g.layers))]  # layer -> (group, index in it)
-        if self.rope_inv_freq is not None and len({tuple(g.budget.tolist()) for g in self._groups
-                                                   if g.budget is not None}) > 1:
-            raise ValueError("policy.rerotate=true needs the same budget in every layer (rotary positions are shared)")
+        self.linear, self._groups, self._where = linear_state.build(  # layer -> (group, index in it); a hybrid's apart
+            layer_devices, list(capacity) if isinstance(capacity, (list, tuple)) else [capacity], self.budgets, windows, bands, linear, self.rope_inv_freq is not None,
+            lambda gi, dev, layers, cap, row, w: Group(layers, batch_size, num_kv_heads, cap, head_dim, dtype, dev,
+                                                       track_attention, self.q_heads, query_window, budget=row,
+                                                       rerotate=self.rope_inv_freq is not None, index=gi, sliding=w))
         self.seen = torch.zeros(batch_size, dtype=torch.long, device="cpu")  # real tokens processed per sample (CPU)
         self.qpos = torch.full((batch_size, query_window), -1, dtype=torch.long, device="cpu")  # positions of the kept queries
         self.peak_layer_pairs = 0  # max over time of sum over layers and samples of the pairs held
@@ -64,7 +63,7 @@ class KVCache(Cache):
         self._steps: dict[int, Step] = {}
         self.devices = list(dict.fromkeys(g.device for g in self._groups))
         self.timer = SectionTimer()  # "evict" (engine) and "attn_stats" (kvbench.attention) sections
-        super().__init__(layers=[LayerView(self, i) for i in range(self.num_layers)])
+        super().__init__(layers=[self.linear.get(i) or LayerView(self, i) for i in range(self.num_layers)])
         KVCache._live.add(self)
 
     @classmethod
@@ -75,6 +74,7 @@ class KVCache(Cache):
     def release(self) -> None:
         """Drop every tensor this cache owns (idempotent); counts and peaks stay readable."""
         self._groups, self._where, self._steps, self._layout = [], [], {}, None
+        self.linear, self.layers = linear_state.released(self.linear, self.layers)  # a hybrid's states go too
 
     # ------------------------------------------------------------------ sizes and contents
     @property
@@ -101,8 +101,8 @@ class KVCache(Cache):
         return self.peak_layer_pairs * 2 * self.heads * self.head_dim * torch.empty((), dtype=self.dtype, device="cpu").element_size()
 
     def allocated_bytes(self) -> int:
-        """Bytes preallocated for the cache (K, V, positions and statistics, scratch slot included)."""
-        return sum(g.nbytes() for g in self._groups)
+        """Bytes preallocated for the cache (K, V, positions, statistics, scratch slot; a hybrid's linear states)."""
+        return sum(g.nbytes() for g in self._groups) + linear_state.nbytes(self.linear.values())
 
     nbytes_for = staticmethod(nbytes_for)  # what `allocated_bytes()` reports for such a cache, before building it
 
@@ -158,7 +158,8 @@ class KVCache(Cache):
 
     def attention_step(self, backend: str, score_chunk: int) -> StaticStep:
         """The object attention receives for every forward over this cache (kvbench.attention.static)."""
-        return StaticStep(layout=self.step_for, sink=self.sink, backend=backend, score_chunk=score_chunk,
+        band.check_backend(self._groups, backend)  # attention sees a band group's window mask (kvbench.cache.band)
+        return StaticStep(layout=functools.partial(band.layout, self), sink=self.sink, backend=backend, score_chunk=score_chunk,
                           timer=self.timer)
 
     # ------------------------------------------------------------------ between forwards

@@ -36,6 +36,7 @@ class Group:
         self.layers = list(layers)
         self.index = index
         self.sliding = sliding  # the layers' sliding window W (None: full attention, the policy's to compress)
+        self.band: int | None = None  # the window of a windowed group the policy compresses (kvbench.cache.band)
         if sliding is not None:  # a windowed group is never scored nor compressed by a policy: no statistics
             if rerotate:
                 raise ValueError("policy.rerotate=true needs full attention in every layer")

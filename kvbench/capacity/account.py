@@ -70,9 +70,12 @@ def window_credit(shape: memory.ModelShape, lengths: list[int], cfg: DictConfig)
     def kv(s):
         acc = memory.account(s, [max(lengths)], Full(), max_new_tokens=cfg.gen.max_new_tokens,
                              prefill_chunk=cfg.gen.prefill_chunk)
-        return sum(f.kv_cache for f in acc.devices.values())
+        return sum(f.kv_cache for f in acc.devices.values()) - s.state_bytes_per_sequence  # the KV alone
 
     windows = [w for w in shape.windows if w is not None]
-    return {"attention_kinds": f"{len(windows)} of {len(shape.windows)} layers windowed (W={sorted(set(windows))})"
-            if windows else "full attention in every layer",
-            "kv_bytes_one_sample": kv(shape), "kv_bytes_one_sample_without_windows": kv(replace(shape, windows=()))}
+    kinds = [f"{len(windows)} of {len(shape.windows)} layers windowed (W={sorted(set(windows))})"] if windows else []
+    kinds += [f"{len(shape.linear)} of {len(shape.windows)} layers linear attention"] if shape.linear else []
+    return {"attention_kinds": "; ".join(kinds) or "full attention in every layer",
+            "kv_bytes_one_sample": kv(shape), "kv_bytes_one_sample_without_windows": kv(replace(shape, windows=())),
+            "state_bytes_per_sequence": shape.state_bytes_per_sequence,  # a hybrid's linear layers, apart from the KV
+            "linear_layers": list(shape.linear)}

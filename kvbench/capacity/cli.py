@@ -28,7 +28,9 @@ def table(record: dict) -> str:
         f" on {record['device']}, reserve {p['node']['reserve_gb']:g} GiB per device",
         f"  layers {layers}; weights {weights} GiB; {p['model']['attention_kinds']}",
         f"  full KV cache of one longest sample: {kv / 2**20:.1f} MiB"
-        + (f" ({plain / 2**20:.1f} MiB if no layer had a window)" if plain != kv else ""),
+        + (f" ({plain / 2**20:.1f} MiB if no layer had a window)" if plain != kv else "")
+        + (f"; linear-attention state {state / 2**20:.2f} MiB per sequence, apart from the KV"
+           if (state := p["model"].get("state_bytes_per_sequence")) else ""),
         f"  {record['task']}: prompts {p['prompts']['tokens_min']}-{p['prompts']['tokens_max']} tokens"
         f" ({p['prompts']['source']}), {record['max_new_tokens']} new tokens; batch sizes from {len(p['candidates'])}"
         " candidates",

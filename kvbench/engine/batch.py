@@ -7,6 +7,8 @@ import torch
 
 from kvbench.budgets import Budgets
 from kvbench.cache import KVCache, layer_capacities
+from kvbench.errors import ConfigError
+from kvbench.grid import grid_chunks
 from kvbench.models import family
 from kvbench.models.geometry import rope_inv_freq
 from kvbench.policies.base import Policy
@@ -30,16 +32,23 @@ class Batch:
         self.prompts = torch.full((B, s), pad_id, dtype=torch.long, device="cpu")  # (B, S)
         for b, x in enumerate(ids):
             self.prompts[b, : len(x)] = torch.tensor(x, dtype=torch.long, device="cpu")
-        windows = family.effective_windows(geometry["windows"], s + max_new_tokens)  # a window never cut: full
+        # a window never cut: full; a budget below a window compresses that layer too (its window bounds it)
+        windows, bands = family.split_windows(geometry["windows"], s + max_new_tokens,
+                                              policy.kv_size if policy.evicts else None)
         heads = geometry["num_kv_heads"]
         # what the policy compresses: the full-attention layers (windowed ones keep their window)
-        full = [w is None for w in windows]
+        full = [w is None and i not in geometry.get("linear", ()) for i, w in enumerate(windows)]
         compressed = [i for i, f in enumerate(full) if f]
         self.room = Budgets.of(policy, self.lengths, len(windows), heads, compressed)  # (L, B, H) or None: full cache
         self.budgets = None if self.room is None else self.room.layer  # (L, B)
         self.full_budgets = None if self.budgets is None or not any(full) else self.budgets[full]  # (L_full, B)
         # (a context of 0 tokens: kvbench.continuation's one-token contexts, all in the question's forward)
-        self.chunks = prefill_chunks(self.lengths, policy, prefill_chunk, self.full_budgets) if max(self.lengths) else []
+        linear = geometry.get("linear") or []
+        chunks = grid_chunks if linear else prefill_chunks  # a hybrid's linear layers: one grid (kvbench.grid)
+        self.chunks = chunks(self.lengths, policy, prefill_chunk, self.full_budgets) if max(self.lengths) else []
+        if linear and len(set(self.question.tolist())) > 1:
+            raise ConfigError("policy.query_aware", "false needs one question length per batch on a hybrid model "
+                              "(a pad between two real tokens would reach its linear-attention state)", False)
         family.check_length_rope(model.config, s, s, new, len(self.chunks) > 1 or q_max > 0)  # the padded batch
         widest = max([int(r.max()) for r in self.chunks] + [q_max])  # the question is one forward of its own
         caps = [max(self.lengths) + max_new_tokens] if self.room is None else self.room.capacities(self.lengths,
@@ -51,7 +60,8 @@ class Batch:
             track_attention=policy.needs.attention,
             query_window=policy.needs.queries,
             rope_inv_freq=rope_inv_freq(model) if policy.rerotate and policy.evicts else None,
-            **geometry,
+            **{**geometry, "windows": [None if b else w for w, b in zip(geometry["windows"], bands, strict=True)]},
+            bands=bands,
         )
         self.pad_id = pad_id
 

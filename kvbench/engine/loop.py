@@ -11,7 +11,7 @@ import torch
 
 from kvbench.attention import SCORE_CHUNK
 from kvbench.cache import KVCache
-from kvbench.cache.layout import to_device
+from kvbench.cache.layout import right_aligned, to_device
 from kvbench.engine.batch import Batch
 from kvbench.engine.evictions import compress_context, evict_before_forward
 from kvbench.models.compat import cache_kwarg
@@ -43,6 +43,8 @@ class Forward:
         host = to_device({"ids": tokens if tokens.device.type == "cpu" else None, "pos": positions}, self.dev)
         kw = {"input_ids": tokens if host["ids"] is None else host["ids"], "position_ids": host["pos"],
               "use_cache": True, "kvbench_step": self.step, (self.names[0] if logits else self.names[1]): cache}
+        if cache.linear and tokens.shape[1] > 1:  # a hybrid's linear layers zero the pads' inputs (kvbench.grid)
+            kw["attention_mask"] = to_device({"m": right_aligned(r, tokens.shape[1])[0].long()}, self.dev)["m"]
         out = None
         if logits:
             out = self.model(**kw, logits_to_keep=1).logits[:, -1]  # (B, V)

@@ -9,7 +9,8 @@ I MLP width, V vocabulary, Hq / H query / KV heads, D head dim, L layers on the 
 
     peak = weights + KV cache + the largest transient
     weights     parameters and buffers as loaded (exact)
-    KV cache    the preallocated cache, exact: `KVCache.nbytes_for` (K, V, positions, statistics), per
+    KV cache    (+ a hybrid's linear-attention states, B x their bytes per sequence: `kvbench.memory.state`)
+                the preallocated cache, exact: `KVCache.nbytes_for` (K, V, positions, statistics), per
                 group of layers (`kvbench.cache.storage.form_groups`: per-layer budgets give each layer its own
                 capacity; sliding-window layers hold W - 1 + the widest forward, their trims replayed like
                 evictions)
@@ -69,10 +70,12 @@ import torch
 
 from kvbench.attention import BACKENDS, resolve
 from kvbench.budgets import knobs
-from kvbench.cache import form_groups, layer_capacities
+from kvbench.cache import layer_capacities
+from kvbench.cache.linear_state import attention_groups
 from kvbench.memory.shape import ModelShape
+from kvbench.memory.state import state_bytes
 from kvbench.memory.terms import cache_bytes, evict_bytes, forward_bytes, trim_bytes
-from kvbench.models.family import effective_windows
+from kvbench.models.family import split_windows
 from kvbench.schedule import prefill_chunks, rows_to_evict
 
 GiB = 2**30
@@ -165,14 +168,15 @@ def account(
         raise ValueError(f"attention must be one of {', '.join(BACKENDS)}: {attention!r}")
     B, longest = len(lengths), max(lengths)
     layer_devices = [dev for dev, L in s.layers.items() for _ in range(L)]
-    windows = effective_windows(list(s.windows) or [None] * len(layer_devices), longest + max_new_tokens)
-    full = [w is None for w in windows]
+    windows = split_windows(list(s.windows) or [None] * len(layer_devices), longest + max_new_tokens,
+                            policy.kv_size if policy.evicts else None)[0]  # a compressed windowed layer: the policy's
+    full = [w is None and i not in s.linear for i, w in enumerate(windows)]  # a hybrid's linear layers: no K/V
     budgets = knobs.layer_budgets(policy, lengths, len(layer_devices), [i for i, f in enumerate(full) if f])  # (L, B)
     full_budgets = None if budgets is None or not any(full) else budgets[full]
     widest = max(int(r.max()) for r in prefill_chunks(lengths, policy, prefill_chunk, full_budgets))
     caps = layer_capacities(knobs.capacities(policy, lengths, max_new_tokens, budgets, s.kv_heads), windows, lengths,
                             max_new_tokens, widest)
-    groups = form_groups(layer_devices, caps, budgets, windows)
+    groups = attention_groups(layer_devices, caps, budgets, windows, s.linear)  # a hybrid's: attention layers only
     if budgets is None:  # the full cache: one row of "never" budgets
         groups = [(d, ls, c, torch.full((B,), c, dtype=torch.long, device="cpu"), w) for d, ls, c, _, w in groups]
     scored = policy.needs.attention
@@ -198,6 +202,7 @@ def account(
             if policy.evicts and cap > need and any(e[0] == gi for e in evictions):
                 transients.append(cache_bytes(s, B, len(layers), need, policy))
         kv = sum(cache_bytes(s, B, len(groups[gi][1]), groups[gi][2], policy, groups[gi][4]) for gi in mine)
+        kv += state_bytes(s, B, [layer_devices[i] for i in s.linear].count(dev))  # a hybrid's linear layers
         onload = s.onload.get(dev, 0)  # an offloaded layer's weights, brought here for its forward (accelerate)
         devices[dev] = Footprint(weights=s.weights.get(dev, 0), kv_cache=kv, transient=max(transients) + onload)
     for dev, w in s.weights.items():  # devices with weights but no decoder layer (e.g. the lm_head's)

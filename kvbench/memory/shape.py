@@ -35,6 +35,8 @@ class ModelShape:
     windows: tuple = ()  # per decoder layer: its sliding window W, None for full attention (() : none windowed)
     manual: bool = False  # learned sinks or logit soft-capping: the fused (or eager) attention, never SDPA / flash
     onload: dict[str, int] = field(default_factory=dict)  # the largest offloaded layer's weights per device
+    linear: tuple = ()  # a hybrid's linear-attention layers (no K/V; kvbench.models.family.hybrid)
+    state_bytes_per_sequence: int = 0  # their conv + recurrent states, per sequence, whatever its length
 
     @property
     def elem(self) -> int:
@@ -63,17 +65,21 @@ class ModelShape:
                 onload[d] = max(onload.get(d, 0), off)
         return cls(
             hidden=cfg.hidden_size,
-            intermediate=cfg.intermediate_size,
+            intermediate=getattr(cfg, "intermediate_size", None) or max(  # Qwen3.5-MoE: experts + a shared one only
+                cfg.moe_intermediate_size, getattr(cfg, "shared_expert_intermediate_size", 0) or 0),
             vocab=cfg.vocab_size,
             q_heads=k.q_heads,
             kv_heads=k.kv_heads,
             head_dim=k.head_dim,
             dtype=model.dtype,
             mlp_buffers=4 if hasattr(decoder_layers[0].mlp, "gate_up_proj") else 3,
-            fused_qkv=hasattr(decoder_layers[0].self_attn, "qkv_proj"),
+            fused_qkv=hasattr(decoder_layers[next(i for i in range(len(decoder_layers)) if i not in k.linear)].self_attn,
+                              "qkv_proj"),
             weights=weights,
             layers=layers,
             windows=k.windows,
             manual=k.sinks or k.softcap is not None,
             onload={d: b for d, b in onload.items() if b},
+            linear=k.linear,
+            state_bytes_per_sequence=0 if k.state is None else k.state.bytes_per_sequence(model.dtype),
         )

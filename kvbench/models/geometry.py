@@ -22,6 +22,7 @@ def model_geometry(model, k=None) -> dict:
         layer_devices=[layer_device(layer) for layer in layers],
         dtype=model.dtype,
         windows=list(k.windows),
+        linear=list(k.linear),  # a hybrid's linear-attention layers (no K/V)
     )
 
 

@@ -111,11 +111,21 @@ FAMILY_ARCHS = {
     "olmo3": ("olmo3", dict(sliding_window=16, layer_types=["sliding_attention", "full_attention"])),
     "smollm3": ("smollm3", dict(no_rope_layers=[1, 0])),  # layer 1 has no RoPE
     "exaone4": ("exaone4", dict(sliding_window=16, layer_types=["sliding_attention", "full_attention"])),  # NoPE global
-    # families kvbench refuses (tests/models/test_family.py checks the refusal): a hybrid linear-attention model,
-    # and Gemma 3 with bidirectional attention
+    # hybrid linear-attention models: a Gated-DeltaNet layer and a full-attention one
     "qwen3.5": ("qwen3_5_text", dict(head_dim=16, linear_key_head_dim=8, linear_value_head_dim=8,
                                       linear_num_key_heads=2, linear_num_value_heads=4,
                                       layer_types=["linear_attention", "full_attention"])),
+    "qwen3.5-moe": ("qwen3_5_moe_text", dict(head_dim=16, linear_key_head_dim=8, linear_value_head_dim=8,
+                                              linear_num_key_heads=2, linear_num_value_heads=4, num_experts=4,
+                                              num_experts_per_tok=2, moe_intermediate_size=32,
+                                              shared_expert_intermediate_size=32,
+                                              layer_types=["linear_attention", "full_attention"])),
+    "qwen3-next": ("qwen3_next", dict(head_dim=16, linear_key_head_dim=8, linear_value_head_dim=8,
+                                      linear_num_key_heads=2, linear_num_value_heads=4, num_experts=4,
+                                      num_experts_per_tok=2, moe_intermediate_size=32,
+                                      shared_expert_intermediate_size=32,
+                                      layer_types=["full_attention", "linear_attention"])),  # pads reach layer 1
+    # a family kvbench refuses (tests/models/test_family.py checks the refusal): Gemma 3 with bidirectional attention
     "gemma3-bidirectional": ("gemma3_text", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16,
                                                  use_bidirectional_attention=True)),
 }

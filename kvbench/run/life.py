@@ -119,8 +119,21 @@ def _prompts(cfg: DictConfig, record: dict, lm: LoadedModel, policy, task, promp
     record["extensions"] = described["extensions"] + task_extensions(task, cfg.gen.max_new_tokens)
     samples = task.samples(lm.tokenizer)
     ids = [task.encode(lm.tokenizer, s.prompt) for s in samples]
-    windows = kinds.windows_for(max(map(len, ids), default=0) + cfg.gen.max_new_tokens)
-    record["compressed_layers"] = [i for i, w in enumerate(windows) if w is None] if policy.evicts else []
+    windows, bands = family.split_windows(kinds.windows, max(map(len, ids), default=0) + cfg.gen.max_new_tokens,
+                                          policy.kv_size if policy.evicts else None)
+    record["compressed_layers"] = [i for i, w in enumerate(windows) if w is None and i not in kinds.linear] \
+        if policy.evicts else []
+    if kinds.state is not None:  # a hybrid: its linear layers hold a fixed state per sequence, never evicted
+        record["state_bytes_per_sequence"] = kinds.state.bytes_per_sequence(lm.model.dtype)
+        if policy.evicts:
+            record["extensions"].append(f"linear-attention layers {list(kinds.linear)} keep their whole state (nothing "
+                                        "to evict); each prompt's blocks run on one axis, as if left-padded to the longest prompt, split "
+                                        "where another prompt's block ends")
+    if any(bands):
+        record["extensions"].append(
+            f"windowed layers {[i for i, b in enumerate(bands) if b]} are compressed too (budget kv_size="
+            f"{policy.kv_size} below their window): each query still sees only the kept pairs inside its window, "
+            "and pairs outside every later query's window are evicted first")
     if policy.evicts and any(w is not None for w in windows):
         n = len(record["compressed_layers"])
         per_layer = f" ({described['budgets']}: over these {n} layers)" if "budgets" in described else ""

@@ -100,6 +100,7 @@ def new_record(cfg: DictConfig, policy, task) -> dict:
         "search": None,
         "attention": None,  # the attention backend really used (kvbench.attention.resolve), once the model is loaded
         "model_family": None,  # the model's family and attention kinds (kvbench.models.family), once it is loaded
+        "state_bytes_per_sequence": None,  # a hybrid's linear-attention state per sequence (conv + recurrent)
         "compressed_layers": None,  # the decoder layers the policy compressed (windowed layers keep their window)
         "extensions": [],
         "ignored_keys": [],  # policy keys this run's policy does not use, reset to its defaults (kvbench.config)

@@ -19,7 +19,8 @@ RUN_FIELDS = [
     "throughput_tok_s", "prefill_s", "decode_s", "wall_s", "evict_s", "attn_stats_s", "generated_tokens",
     "output_tokens", "peak_kv_bytes", "peak_mem_bytes", "peak_mem_bytes_per_device", "peak_reserved_bytes_per_device",
     "accounted_mem_bytes", "accounted_mem_bytes_per_device", "search", "attention", "model_family",
-    "compressed_layers", "extensions", "ignored_keys", "notes", "logger", "prompts", "config", "predictions_path",
+    "state_bytes_per_sequence", "compressed_layers", "extensions", "ignored_keys", "notes", "logger", "prompts",
+    "config", "predictions_path",
     "scores_path",
 ]
 PLAN_FIELDS = ["run_id", "config_hash", "started_at", "kvbench_version", "git_sha", "mode", "status", "error",

@@ -21,6 +21,7 @@ from kvbench.models.family.adapter import (
     effective_windows,
     kinds,
     refusal,
+    split_windows,
 )
 from kvbench.models.family.rope import (
     NOT_A_ROTATION,
@@ -32,6 +33,7 @@ from kvbench.models.family.rope import (
 from kvbench.models.family.table import (
     FAMILIES,
     GLOBAL,
+    HYBRID,
     LAYER_KINDS,
     LAYER_TYPES,
     NONE,
@@ -43,6 +45,6 @@ from kvbench.models.family.table import (
     text_config,
 )
 
-__all__ = ["FAMILIES", "GLOBAL", "LAYER_KINDS", "LAYER_TYPES", "NONE", "NOT_A_ROTATION", "REFUSED", "SINKS", "SOFTCAP",
-           "ModelKinds", "check", "check_length_rope", "check_policy", "effective_windows", "family_of", "kinds",
+__all__ = ["FAMILIES", "GLOBAL", "HYBRID", "LAYER_KINDS", "LAYER_TYPES", "NONE", "NOT_A_ROTATION", "REFUSED", "SINKS", "SOFTCAP",
+           "ModelKinds", "check", "check_length_rope", "check_policy", "effective_windows", "family_of", "split_windows", "kinds",
            "nope_layers", "refusal", "rope_kind", "rope_length_limit", "rope_problem", "text_config"]

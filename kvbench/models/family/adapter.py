@@ -13,12 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvbench.errors import ConfigError
+from kvbench.models.family.hybrid import LinearState, linear_state
 from kvbench.models.family.rope import rope_problem
 from kvbench.models.family.table import (
     FAMILIES,
     GLOBAL,
+    HYBRID,
     LAYER_KINDS,
     LAYER_TYPES,
+    LINEAR_KINDS,
     NONE,
     REFUSED,
     SINKS,
@@ -40,6 +43,12 @@ class ModelKinds:
     windows: tuple[int | None, ...]  # per decoder layer: the sliding window W, None for full attention
     sinks: bool = False  # learned attention sinks (gpt-oss)
     softcap: float | None = None  # attention logit soft-capping (Gemma 2)
+    state: LinearState | None = None  # a hybrid model's linear-attention layers (no K/V: a fixed state per sequence)
+
+    @property
+    def linear(self) -> tuple[int, ...]:
+        """The linear-attention layers (no K/V; nothing to evict)."""
+        return () if self.state is None else self.state.layers
 
     @property
     def gqa(self) -> bool:
@@ -53,7 +62,7 @@ class ModelKinds:
     @property
     def full_layers(self) -> list[int]:
         """The layers an eviction policy compresses (windowed layers keep their window)."""
-        return [i for i, w in enumerate(self.windows) if w is None]
+        return [i for i, w in enumerate(self.windows) if w is None and i not in self.linear]
 
     def windows_for(self, seq_len: int) -> list[int | None]:
         """Per layer, the window that can cut something in sequences of at most `seq_len` tokens: a window
@@ -63,7 +72,7 @@ class ModelKinds:
     @property
     def plain(self) -> bool:
         """Causal softmax attention over every past token in every layer (what serve mode implements)."""
-        return not (self.windowed or self.sinks or self.softcap is not None)
+        return not (self.windowed or self.sinks or self.softcap is not None or self.linear)
 
     def describe(self) -> str:
         parts = []
@@ -71,6 +80,9 @@ class ModelKinds:
             ws = sorted({w for w in self.windows if w is not None})
             parts.append(f"{len(self.windows) - len(self.full_layers)} of {len(self.windows)} layers windowed "
                          f"(W={', '.join(map(str, ws))})")
+        if self.linear:
+            parts.append(f"{len(self.linear)} of {len(self.windows)} layers linear attention (a fixed state per "
+                         "sequence)")
         if self.sinks:
             parts.append("learned attention sinks")
         if self.softcap is not None:
@@ -83,13 +95,24 @@ def effective_windows(windows, seq_len: int) -> list[int | None]:
     return [w if w is not None and w < seq_len else None for w in windows]
 
 
+def split_windows(windows, seq_len: float, kv_size: int | None) -> tuple[list[int | None], list[int | None]]:
+    """(kept, bands) per layer for a policy budget of `kv_size` pairs (None: no fixed budget, or no eviction) on
+    sequences of at most `seq_len` tokens: `kept` the window a window group keeps (None: the policy compresses the
+    layer), `bands` the window a compressed windowed layer still applies to the pairs it keeps (None elsewhere).
+    A budget below a layer's window compresses that layer too; the window bounds what it may keep."""
+    eff = effective_windows(windows, seq_len)
+    bands = [w if w is not None and kv_size is not None and kv_size < w else None for w in eff]
+    return [None if b is not None else w for w, b in zip(eff, bands, strict=True)], bands
+
+
 def _layer_types_problem(cfg, fam: str) -> str | None:
     kinds_ = list(getattr(cfg, "layer_types", None) or [])
     if len(kinds_) != cfg.num_hidden_layers:
         return f"model family {fam!r}: layer_types has {len(kinds_)} entries for {cfg.num_hidden_layers} layers"
-    odd = sorted({k for k in kinds_ if k not in LAYER_KINDS})
+    runs = ("full_attention", *LINEAR_KINDS) if FAMILIES[fam] == HYBRID else LAYER_KINDS
+    odd = sorted({k for k in kinds_ if k not in runs})
     if odd:
-        return f"model family {fam!r}: layer type {odd[0]!r} is not implemented (kvbench runs {', '.join(LAYER_KINDS)})"
+        return f"model family {fam!r}: layer type {odd[0]!r} is not implemented (kvbench runs {', '.join(runs)})"
     switch = WINDOW_SWITCH.get(fam)
     if switch and "sliding_attention" in kinds_ and not getattr(cfg, switch, False):
         return (f"model family {fam!r}: layer_types has sliding_attention layers but {switch}=false (transformers "
@@ -108,7 +131,7 @@ def refusal(config) -> str | None:
                 "its attention was never checked against transformers' own")
     if getattr(cfg, "use_bidirectional_attention", False):
         return f"model family {fam!r} with use_bidirectional_attention=true: kvbench's attention is causal only"
-    if FAMILIES[fam] == LAYER_TYPES and (why := _layer_types_problem(cfg, fam)):
+    if FAMILIES[fam] in (LAYER_TYPES, HYBRID) and (why := _layer_types_problem(cfg, fam)):
         return why
     if getattr(cfg, "attention_chunk_size", None):
         return f"model family {fam!r}: chunked attention is not implemented"
@@ -151,6 +174,7 @@ def kinds(config) -> ModelKinds:
         windows=windows,
         sinks=fam in SINKS,
         softcap=None if softcap is None else float(softcap),
+        state=linear_state(cfg) if how == HYBRID else None,
     )
 
 
@@ -162,12 +186,17 @@ def check_policy(config, policy, seq_len: int | None = None, k: ModelKinds | Non
     kinds when already read (the family is read once per run)."""
     k = kinds(config) if k is None else k
     windows = k.windows if seq_len is None else k.windows_for(seq_len)
-    if policy.evicts and all(w is not None for w in windows):
+    kept = split_windows(windows, float("inf"), policy.kv_size)[0] if policy.evicts else windows
+    if policy.evicts and all(w is not None or i in k.linear for i, w in enumerate(kept)):
         longer = "" if seq_len is None else f" shorter than the run's {seq_len}-token sequences"
-        raise ConfigError("policy", f"model family {k.family!r} has no full-attention layer ({k.describe()}{longer}): "
-                          "windowed layers keep their window, so the policy would compress nothing", policy.name)
+        raise ConfigError("policy", f"model family {k.family!r} has no full-attention layer ({k.describe()}{longer}) "
+                          f"and the budget (kv_size={policy.kv_size}) is not below any window: windowed layers keep "
+                          "their window, so the policy would compress nothing", policy.name)
     if policy.evicts and policy.rerotate and any(w is not None for w in windows):
         raise ConfigError("policy.rerotate", f"needs full attention in every layer (model family {k.family!r}: "
+                          f"{k.describe()})", True)
+    if policy.evicts and policy.rerotate and k.linear:
+        raise ConfigError("policy.rerotate", f"is not checked on hybrid models (model family {k.family!r}: "
                           f"{k.describe()})", True)
     if policy.evicts and policy.rerotate and (why := rope_problem(config)):
         raise ConfigError("policy.rerotate", f"needs plain RoPE: {why} (model family {k.family!r})", True)

@@ -9,13 +9,16 @@ Read from each family's transformers 5.x modeling code (docs/models.md has the t
   exaone4: `sliding_window_pattern`; smollm3: `use_sliding_window` and its NoPE layers), so kvbench reads the
   derived list. SmolLM3's attention is windowed only when `use_sliding_window` is also set (`WINDOW_SWITCH`).
 * global-window families: every layer has `config.sliding_window` (None: full attention everywhere).
+* hybrid families (qwen3_5_text, qwen3_5_moe_text, qwen3_next): `layer_types` with Gated-DeltaNet
+  "linear_attention" layers (transformers' own layers and state, kvbench.cache.linear_state) beside full-attention
+  ones (kvbench.models.family.hybrid).
 * the others: full attention in every layer.
 """
 
 from __future__ import annotations
 
 # how each accepted family sets its layers' windows
-LAYER_TYPES, GLOBAL, NONE = "layer_types", "global", "none"
+LAYER_TYPES, GLOBAL, NONE, HYBRID = "layer_types", "global", "none", "hybrid"
 FAMILIES = {
     "llama": NONE, "olmo2": NONE, "granite": NONE, "cohere": NONE, "glm4": NONE, "glm4_moe": NONE,
     "mistral": GLOBAL, "phi3": GLOBAL, "starcoder2": GLOBAL, "mixtral": GLOBAL, "qwen3_moe": GLOBAL,
@@ -23,11 +26,13 @@ FAMILIES = {
     "qwen2": LAYER_TYPES, "qwen3": LAYER_TYPES, "gemma2": LAYER_TYPES, "gemma3_text": LAYER_TYPES,
     "gpt_oss": LAYER_TYPES, "ministral": LAYER_TYPES, "olmo3": LAYER_TYPES, "smollm3": LAYER_TYPES,
     "exaone4": LAYER_TYPES,
+    "qwen3_5_text": HYBRID, "qwen3_5_moe_text": HYBRID, "qwen3_next": HYBRID,
 }
 SINKS = ("gpt_oss",)  # families with a learned attention sink per query head
 SOFTCAP = {"gemma2": "attn_logit_softcapping"}  # families whose attention soft-caps its logits (config field)
 WINDOW_SWITCH = {"smollm3": "use_sliding_window"}  # its sliding layers are windowed only when this field is true
 LAYER_KINDS = ("full_attention", "sliding_attention")
+LINEAR_KINDS = ("linear_attention",)  # HYBRID families: Gated-DeltaNet layers with a fixed state per sequence
 INTERLEAVED_ROPE = ("glm4",)  # RoPE on interleaved pairs (x0, x1), (x2, x3)... (GPT-J style), not rotate-half
 
 # Families researchers load whose cache is not per-layer K/V of one head size: why kvbench refuses each
@@ -36,9 +41,6 @@ _HYBRID = "hybrid model: its {what} layers (layer_types {kind!r}) hold a fixed r
 _MLA = "multi-head latent attention: the cache holds one compressed latent (kv_lora_rank) and one shared " \
        "rotary key (qk_rope_head_dim) per token, not K/V per head"
 REFUSED = {
-    "qwen3_5_text": _HYBRID.format(what="Gated-DeltaNet linear-attention", kind="linear_attention"),
-    "qwen3_5_moe_text": _HYBRID.format(what="Gated-DeltaNet linear-attention", kind="linear_attention"),
-    "qwen3_next": _HYBRID.format(what="Gated-DeltaNet linear-attention", kind="linear_attention"),
     "olmo_hybrid": _HYBRID.format(what="Gated-DeltaNet linear-attention", kind="linear_attention"),
     "kimi_linear": _HYBRID.format(what="Kimi-Delta-Attention linear-attention", kind="linear_attention")
     + "; its full-attention layers are multi-head latent attention",
