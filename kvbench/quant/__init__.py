@@ -3,4 +3,8 @@
 The rooms, one idea each:
     kivi.py      the rule: per-channel keys, per-token values, asymmetric min/max, 8 or 4 bits (`Rule`)
     nibbles.py   4-bit codes packed two per byte
+    qsplit.py    which held pairs are quantized and which are in the full-precision window; bytes allocated
+    qstore.py    `QuantKV`: a group of layers' quantized pairs (append, read, keep), as the cache's `Group`
+    qappend.py   appending through the window, flushing whole blocks of G once
+    qkeep.py     eviction: values gathered exactly, changed key blocks re-quantized (the error measured)
 """
