@@ -180,3 +180,23 @@ def test_compaction_adds_a_bounded_error(bits, dtype):
     bits, float32 and bfloat16); it grows with each re-quantization, slowly."""
     ratios = [a / b for a, b in compaction_error(bits, dtype)]
     assert 1.0 < ratios[0] < 1.4 and ratios[-1] < 2.0 and ratios[-1] > ratios[0]
+
+
+@pytest.mark.parametrize("G_, R_", [(1, 0), (8, 0), (2, 5), (4, 100)])
+def test_append_and_keep_at_the_edges(G_, R_):
+    """No window (G = 1, R = 0: every pair quantized at once), a window that never flushes (R over the count)."""
+    g = torch.Generator().manual_seed(2)
+    k, v = torch.randn(1, 2, 2, 24, 8, generator=g), torch.randn(1, 2, 2, 24, 8, generator=g)
+    s = QuantKV(1, 2, 2, 24, 8, torch.float32, "cpu", bits=8, group=G_, residual=R_)
+    s.append(k[..., :16, :], v[..., :16, :], torch.tensor([16, 16]))
+    s.append(k[..., 16:, :], v[..., 16:, :], torch.tensor([8, 8]))
+    q = quantized_count(24, G_, R_)
+    kr, vr = Rule(8, G_, "channel"), Rule(8, G_ if 8 % G_ == 0 else 1, "token")
+    K, V = s.read(0)
+    assert torch.equal(K, torch.cat([kr.dequantize(*kr.quantize(k[0, :, :, :q])), k[0, :, :, q:]], 2))
+    assert torch.equal(V, torch.cat([vr.dequantize(*vr.quantize(v[0, :, :, :q])), v[0, :, :, q:]], 2))
+    kept = torch.arange(0, 24, 2).expand(1, 2, 2, 12)
+    s.keep(torch.tensor([True, True]), kept, torch.tensor([12, 12]))
+    K2, V2 = s.read(0)
+    assert K2.shape == (2, 2, 12, 8) and torch.equal(V2[:, :, quantized_count(12, G_, R_):], V[:, :, 0::2][:, :, quantized_count(12, G_, R_):])
+    assert (K2 - K[:, :, 0::2]).abs().max() < 0.05
