@@ -80,7 +80,8 @@ class Rule:
     def _codes(self, xg: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
         s = scale.float()
         s = torch.where(s > 0, s, torch.ones_like(s))  # a constant group: codes 0, read back as z
-        return ((xg.float() - zero.float()) / s).round_().clamp_(0, self.top).to(torch.uint8)
+        y = xg.to(torch.float32, copy=True)
+        return y.sub_(zero.float()).div_(s).round_().clamp_(0, self.top).to(torch.uint8)
 
     def dequantize(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
                    dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -88,7 +89,8 @@ class Rule:
         q = nibbles.unpack(codes, self.bits)  # (..., N, D)
         dim = -2 if self.axis == "channel" else -1
         qg, _ = self._grouped(q)
-        x = qg.float() * scale.unsqueeze(dim).float() + zero.unsqueeze(dim).float()
+        x = qg.float().mul_(scale.unsqueeze(dim).float()).add_(zero.unsqueeze(dim).float())  # q * s + z in float32,
+        # rounded after the product and after the sum as quanto does (addcmul's fused rounding differs by an ulp)
         return x.reshape(q.shape).to(scale.dtype if dtype is None else dtype)
 
 
