@@ -7,5 +7,6 @@ The rooms, one idea each:
     qstore.py    `QuantKV`: a group of layers' quantized pairs (append, read, keep), as the cache's `Group`
     qappend.py   appending through the window, flushing whole blocks of G once
     qkeep.py     eviction: values gathered exactly, changed key blocks re-quantized (the error measured)
+    qtake.py     slots taken by index (gather by rows of D, fast on a CPU)
     qconfig.py   gen.kv_cache_dtype and its knobs checked, the undefined combinations refused (one line each)
 """

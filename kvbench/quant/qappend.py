@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from kvbench.quant.qsplit import quantized_count
+from kvbench.quant.qtake import take
 
 
 def write(store, i: int, k: torch.Tensor, v: torch.Tensor, r: torch.Tensor) -> None:
@@ -34,16 +35,15 @@ def write(store, i: int, k: torch.Tensor, v: torch.Tensor, r: torch.Tensor) -> N
     j = torch.arange(J)[None, :]
     # sequence position j of row b: window slot j, then the new tokens (the last r_b columns of the chunk)
     src = torch.where(j < w[:, None], j, cr + T - r[:, None] + j - w[:, None]).clamp(0, cr + T - 1)
-    src = src.to(dev)[:, None, :, None].expand(B, H, J, D)
-    seq_k = torch.cat([store.rk[i], k.to(store.dtype)], dim=2).gather(2, src)  # (B, H, J, D)
-    seq_v = torch.cat([store.rv[i], v.to(store.dtype)], dim=2).gather(2, src)
+    src = src.to(dev)[:, None, :]  # (B, 1, J)
+    seq_k = take(torch.cat([store.rk[i], k.to(store.dtype)], dim=2), src)  # (B, H, J, D)
+    seq_v = take(torch.cat([store.rv[i], v.to(store.dtype)], dim=2), src)
     if F:
         flush(store, i, seq_k[:, :, :F], seq_v[:, :, :F], q, f)
     if cr:  # the new window: sequence positions f_b .. m_b - 1 (slots past w'_b hold junk)
-        back = (f[:, None] + torch.arange(cr)[None, :]).clamp(max=J - 1).to(dev)[:, None, :, None]
-        back = back.expand(B, H, cr, D)
-        store.rk[i] = seq_k.gather(2, back)
-        store.rv[i] = seq_v.gather(2, back)
+        back = (f[:, None] + torch.arange(cr)[None, :]).clamp(max=J - 1).to(dev)[:, None, :]  # (B, 1, C_r)
+        store.rk[i] = take(seq_k, back)
+        store.rv[i] = take(seq_v, back)
 
 
 def flush(store, i: int, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, f: torch.Tensor) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from kvbench.quant.qsplit import quantized_count
+from kvbench.quant.qtake import take
 
 
 def keep(store, rows: torch.Tensor, kept: torch.Tensor, keep: torch.Tensor) -> None:
@@ -43,16 +44,13 @@ def keep(store, rows: torch.Tensor, kept: torch.Tensor, keep: torch.Tensor) -> N
     for i in range(kept.shape[0]):
         idx = kept[i]  # (B', H, K)
         k, v = store.read(i, rows)  # (B', H, N, D) dequantized
-        D = k.shape[-1]
-        k = k.gather(2, idx[..., None].expand(-1, -1, -1, D))  # (B', H, K, D) the kept pairs in order
-        v = v.gather(2, idx[..., None].expand(-1, -1, -1, D))
+        k, v = take(k, idx), take(v, idx)  # (B', H, K, D) the kept pairs in order
         if Q:
             _keys(store, i, sel, k[:, :, :Q], idx[..., :Q], q_old)
             _values(store, i, sel, v[:, :, :Q], idx[..., :Q], q_old)
         if cr:
-            b = back[:, None, :, None].expand(-1, k.shape[1], -1, D)
-            store.rk[i, sel] = k.gather(2, b)
-            store.rv[i, sel] = v.gather(2, b)
+            store.rk[i, sel] = take(k, back[:, None, :])
+            store.rv[i, sel] = take(v, back[:, None, :])
     n = store.n.clone()
     n[rows] = k_new
     store.n = n
@@ -77,8 +75,8 @@ def _values(store, i, sel, v, idx, q_old) -> None:
     """New value rows of layer i, rows sel: a kept quantized value is gathered as it is, a window value quantized."""
     codes, scale, zero = store.value_rule.quantize(v)  # (B', H, Q, D*bits/8), (B', H, Q, D/G) x 2
     was = (idx < q_old[:, None, None])[..., None]  # (B', H, Q, 1) the kept pair was quantized already
-    src = idx.clamp(max=max(store.vc.shape[3] - 1, 0))[..., None]
+    src = idx.clamp(max=max(store.vc.shape[3] - 1, 0))
     for name, fresh in (("vc", codes), ("vs", scale), ("vz", zero)):
         x = getattr(store, name)
-        held = x[i, sel].gather(2, src.expand(-1, -1, -1, x.shape[-1]))  # (B', H, Q, ·) as they were
+        held = take(x[i, sel], src)  # (B', H, Q, ·) as they were
         x[i, sel, :, : v.shape[2]] = torch.where(was, held, fresh)

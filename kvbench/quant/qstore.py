@@ -21,6 +21,7 @@ import torch
 from kvbench.quant import qappend, qkeep
 from kvbench.quant.kivi import Rule
 from kvbench.quant.qsplit import capacities, quantized_count
+from kvbench.quant.qtake import take
 
 
 class QuantKV:
@@ -64,16 +65,15 @@ class QuantKV:
         n = self.n if rows is None else self.n[rows]
         q = quantized_count(n, self.group, self.residual)
         N, Q, G = int(n.max()), int(q.max()), self.group
-        j = torch.arange(N)[None, :]
-        src = torch.where(j < q[:, None], j, Q + j - q[:, None]).clamp(max=Q + self.rk.shape[3] - 1)  # (B', N)
-        src = src.to(self.device)
         k = self.key_rule.dequantize(self.kc[i, sel, :, :Q], self.ks[i, sel, :, : Q // G], self.kz[i, sel, :, : Q // G])
         v = self.value_rule.dequantize(self.vc[i, sel, :, :Q], self.vs[i, sel, :, :Q], self.vz[i, sel, :, :Q])
-        out = []
-        for deq, window in ((k, self.rk[i, sel]), (v, self.rv[i, sel])):
-            both = torch.cat([deq, window], dim=2)  # (B', H, Q + C_r, D)
-            out.append(both.gather(2, src[:, None, :, None].expand(-1, both.shape[1], -1, both.shape[3])))
-        return out[0], out[1]
+        if bool((q == Q).all()):  # every row as many quantized: the window follows at once
+            return (torch.cat([k, self.rk[i, sel, :, : N - Q]], dim=2), torch.cat([v, self.rv[i, sel, :, : N - Q]], dim=2))
+        j = torch.arange(N)[None, :]
+        src = torch.where(j < q[:, None], j, Q + j - q[:, None]).clamp(max=Q + self.rk.shape[3] - 1)  # (B', N)
+        src = src.to(self.device)[:, None, :]  # (B', 1, N) each logical slot's place in cat(quantized, window)
+        return (take(torch.cat([k, self.rk[i, sel]], dim=2), src),  # (B', H, Q + C_r, D) -> (B', H, N, D)
+                take(torch.cat([v, self.rv[i, sel]], dim=2), src))
 
     def write(self, i: int, k: torch.Tensor, v: torch.Tensor, r: torch.Tensor) -> None:
         """Append to layer i each row's r_b (B,) newest tokens of k, v (B, H, T, D) (right-aligned: pads first).
