@@ -24,8 +24,10 @@ transformers 5.24's `QuantizedCache` (quanto backend) and this rule, on the same
 - a constant group gives quanto 0 / 0 = NaN codes; here 0;
 - quanto has no 8-bit asymmetric codes (its int8 is symmetric, without a zero point): 8 bits are compared
   with an independent loop over the groups only;
-- each flush re-quantizes the whole dequantized cache with its residual (groups move, errors compound); KIVI
-  and kvbench.quant.store quantize each block of G tokens once, when it leaves the full-precision window.
+- its layer re-quantizes everything it holds, from its reads, at each flush (a read moves by a rounding each
+  time, <= 2e-6 measured in float32), and returns the flushed block unquantized at the flushing step; KIVI and
+  kvbench.quant.qstore quantize each block of G tokens once, when it leaves the full-precision window
+  (tests/quant/test_quanto_reference.py follows a decode through two flushes).
 """
 
 from __future__ import annotations

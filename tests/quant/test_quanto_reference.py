@@ -6,6 +6,12 @@ installed (`pip install --no-deps optimum-quanto`: it runs on the CPU torch as i
 float32: identical codes and identical reads. bfloat16: quanto divides in bfloat16 before rounding and rounds its
 scale to nearest, so some codes differ by one (measured: about 3% of them here); kvbench's read is the closer
 to the original numbers (lower RMS error), which the test asserts.
+
+Over a decode with flushes (kvbench's store with R = 0 holds 0 to G - 1 pairs in its window, transformers' layer
+with residual_length = G the same), the reads are the same but for two differences of transformers' flow: at the
+step that flushes, it returns the flushed block as it was given (the quantized block is only read from the next
+step on), and each flush re-quantizes every block it holds from its read, which moves a read by a rounding
+(measured: <= 2e-6 here) where kvbench leaves quantized blocks as they are.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from transformers.cache_utils import QuantoQuantizedLayer  # noqa: E402
 
 from kvbench.quant import nibbles  # noqa: E402
 from kvbench.quant.kivi import Rule  # noqa: E402
+from kvbench.quant.qstore import QuantKV  # noqa: E402
 
 G = 32
 AXES = {"channel": -1, "token": 0}  # kvbench's grouping -> quanto's axis
@@ -76,3 +83,25 @@ def test_transformers_default_axes_are_per_token_keys():
     theirs = ungroup(layer._quantize(k.contiguous(), axis=0)._data.unpack(), 0, k.shape)
     assert torch.equal(nibbles.unpack(Rule(4, G, "token").quantize(k)[0], 4), theirs)
     assert not torch.equal(nibbles.unpack(Rule(4, G, "channel").quantize(k)[0], 4), theirs)
+
+
+def test_a_decode_with_flushes_reads_as_transformers_layer():
+    g = torch.Generator().manual_seed(0)
+    k = torch.randn(2, 3, 134, 64, generator=g) * torch.linspace(0.1, 5, 64)
+    k[..., 7] += 30
+    v = torch.randn(2, 3, 134, 64, generator=g)
+    layer = QuantoQuantizedLayer(nbits=4, axis_key=-1, axis_value=0, q_group_size=G, residual_length=G)
+    store = QuantKV(1, 2, 3, 134, 64, torch.float32, "cpu", bits=4, group=G, residual=0)
+    layer.update(k[:, :, :64], v[:, :, :64])
+    store.append(k[None, :, :, :64], v[None, :, :, :64], torch.tensor([64, 64]))
+    for t in range(64, 134):  # one token a step: transformers flushes at 96 and 128 pairs, as kvbench does
+        theirs = layer.update(k[:, :, t : t + 1], v[:, :, t : t + 1])
+        store.append(k[None, :, :, t : t + 1], v[None, :, :, t : t + 1], torch.tensor([1, 1]))
+        mine, n = store.read(0), t + 1
+        fresh = n - G if n % G == 0 else n  # at a flush, transformers returns the flushed block unquantized
+        for a, b, x in zip(theirs, mine, (k, v), strict=True):
+            if n < 96:
+                assert torch.equal(a, b)  # no flush yet since the prompt
+            assert (a[:, :, :fresh] - b[:, :, :fresh]).abs().max() <= 2e-6  # transformers' re-quantized reads
+            assert torch.equal(a[:, :, fresh:], x[:, :, fresh:n])
+            assert fresh == n or not torch.equal(b[:, :, fresh:], x[:, :, fresh:n])  # kvbench reads it quantized
