@@ -1,0 +1,66 @@
+"""`gen.kv_cache_dtype` and its knobs, checked without a model: one ConfigError line per refusal (the preflight
+calls `check_kv_cache`; kvbench.config is not changed here).
+
+    gen.kv_cache_dtype       auto (the model's dtype, no quantization) | int8 | int4 (vLLM's name for the knob)
+    gen.kv_quant_group       G: numbers per scale and zero point (keys: G tokens of one channel; values: G
+                             channels of one token); it must divide the model's head_dim
+    gen.kv_quant_residual    R: the newest pairs always held in full precision (the window holds R to R + G - 1
+                             once a row holds R; KIVI's window holds 0 to its R, so KIVI's R = G is kvbench's 0)
+
+Refused, because undefined: flash with a quantized cache (flash-attn's kernel reads a full-precision cache and
+no quantized-KV kernel is wired), and RoPE re-rotation of quantized keys (it rebuilds each kept key from its
+full-precision copy as written, which a quantized cache does not hold).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvbench.errors import ConfigError
+
+KV_CACHE_DTYPES = {"auto": None, "int8": 8, "int4": 4}  # name -> bits of the codes (None: not quantized)
+DEFAULT_GROUP, DEFAULT_RESIDUAL = 32, 32
+
+
+@dataclass(frozen=True)
+class KVQuant:
+    """A quantized cache's settings, checked: `bits` 8 or 4, `group` G, `residual` R."""
+
+    bits: int
+    group: int
+    residual: int
+
+
+def _count(value, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def check_kv_cache(kv_cache_dtype: str = "auto", group=DEFAULT_GROUP, residual=DEFAULT_RESIDUAL, *,
+                   attention: str = "auto", rerotate: bool = False, head_dim: int | None = None) -> KVQuant | None:
+    """The quantized cache a run asks for (None: `auto`, the model's dtype), or a ConfigError naming the key.
+
+    `attention`: gen.attention as resolved (flash refused with a quantized cache; `auto` must not resolve to flash
+    when this returns settings); `rerotate`: policy.rerotate; `head_dim`: the model's, where known (preflight).
+    """
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ConfigError("gen.kv_cache_dtype", f"must be one of {', '.join(KV_CACHE_DTYPES)}", kv_cache_dtype)
+    bits = KV_CACHE_DTYPES[kv_cache_dtype]
+    if not _count(group, 1):
+        raise ConfigError("gen.kv_quant_group", "must be a positive integer", group)
+    if not _count(residual, 0):
+        raise ConfigError("gen.kv_quant_residual", "must be an integer >= 0", residual)
+    if bits is None:
+        return None
+    if attention == "flash":
+        raise ConfigError("gen.attention", f"flash-attn reads a full-precision cache; with gen.kv_cache_dtype="
+                          f"{kv_cache_dtype} use sdpa, fused or eager", "flash")
+    if rerotate:
+        raise ConfigError("policy.rerotate", "re-rotation rebuilds keys from their full-precision copies, which a "
+                          f"quantized cache (gen.kv_cache_dtype={kv_cache_dtype}) does not hold", True)
+    if head_dim is not None and head_dim % group:
+        raise ConfigError("gen.kv_quant_group", f"values are grouped per token over G channels: G must divide the "
+                          f"model's head_dim {head_dim}", group)
+    if head_dim is not None and bits == 4 and head_dim % 2:
+        raise ConfigError("gen.kv_cache_dtype", f"int4 packs two codes a byte: the model's head_dim {head_dim} is odd",
+                          kv_cache_dtype)
+    return KVQuant(bits, group, residual)
