@@ -16,14 +16,12 @@ from typing import ClassVar
 import pytest
 import torch
 
-from kvbench import engine, policies
+from kvbench import policies
 from kvbench.policies.base import Needs, Policy, ScoreContext
-from kvbench.serve.engine import serve
 from tests import reference as R
-from tests.conftest import random_prompts
 from tests.memory import test_account_registry as account
 from tests.policies.test_scored import PROMPTS, assert_traces_match, reference, run_engine
-from tests.serve.test_engine import preempted_while_generating, requests
+from tests.serve.test_engine import assert_preempted_serve_is_static
 
 
 @dataclass
@@ -68,15 +66,8 @@ def test_static_mode_keeps_what_the_rule_keeps(registered, tiny_llama, schedule)
 
 
 def test_serve_mode_gives_the_static_engines_tokens(registered, tiny_llama, monkeypatch):
-    policy = registered(kv_size=8, evict_every=1, schedule="after_prefill")
-    prompts = random_prompts((28, 24, 28, 14), seed=21)
-    want = engine.generate(tiny_llama.model, tiny_llama.tokenizer, prompts, policy, batch_size=1, max_new_tokens=12,
-                           eos_token_ids=[]).token_ids
-    seen = preempted_while_generating(monkeypatch)
-    reqs = requests(prompts, 12)
-    out = serve(tiny_llama.model, reqs, policy, num_blocks=32, block_size=1, max_tokens_per_step=32)
-    assert out.evicted_blocks > 0 and max(seen) >= 4
-    assert [r.output for r in reqs] == want
+    assert_preempted_serve_is_static(tiny_llama, registered(kv_size=8, evict_every=1, schedule="after_prefill"),
+                                     monkeypatch)
 
 
 def test_account_follows_its_declaration(registered, tiny_llama, monkeypatch):

@@ -81,13 +81,17 @@ def test_every_evicting_policy_but_algorithm_2_runs_after_prefill():
 def test_after_prefill_preempted_mid_generation_matches_the_static_engine(tiny_llama, name, monkeypatch):
     """A request preempted after it began generating is recomputed as it was computed: its prompt compressed at
     the prompt's end (not over prompt + output), then its output replayed; so its tokens stay the static engine's."""
-    policy = _after_prefill(registry()[name])
+    assert_preempted_serve_is_static(tiny_llama, _after_prefill(registry()[name]), monkeypatch)
+
+
+def assert_preempted_serve_is_static(lm, policy, monkeypatch):
+    """Serve with requests preempted mid-generation (1-slot blocks, 32 of them) gives the static engine's tokens."""
     prompts = random_prompts((28, 24, 28, 14), seed=21)
-    want = engine.generate(tiny_llama.model, tiny_llama.tokenizer, prompts, policy, batch_size=1, max_new_tokens=12,
+    want = engine.generate(lm.model, lm.tokenizer, prompts, policy, batch_size=1, max_new_tokens=12,
                            eos_token_ids=[]).token_ids
     seen = preempted_while_generating(monkeypatch)
     reqs = requests(prompts, 12)
-    out = serve(tiny_llama.model, reqs, policy, num_blocks=32, block_size=1, max_tokens_per_step=32)
+    out = serve(lm.model, reqs, policy, num_blocks=32, block_size=1, max_tokens_per_step=32)
     assert out.evicted_blocks > 0 and max(seen) >= 4  # preempted after 4 or more generated tokens
     assert [r.output for r in reqs] == want
 
