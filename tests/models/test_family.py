@@ -214,18 +214,24 @@ def test_a_layer_whose_window_the_adapter_missed_raises(prompts, monkeypatch):
         run(lm, prompts)
 
 
-def test_record_names_the_layers_a_policy_compressed(tmp_path):
+def h2o_record(arch: str, tmp_path) -> dict:
+    """The record of a small H2O run (kv_size 24, 2 samples of 60 tokens) on the tiny model of `arch`."""
     from hydra import compose, initialize_config_dir
 
     from kvbench import run as kvrun
     from kvbench.config import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=["model=tiny-llama", "model.arch=gemma3", "task.n_samples=2",
+        cfg = compose("config", overrides=["model=tiny-llama", f"model.arch={arch}", "task.n_samples=2",
                                            "task.context_tokens=60", "gen.max_new_tokens=4", "batch_size=2",
                                            "policy=h2o", "policy.kv_size=24", f"results_dir={tmp_path}"])
     rec = kvrun.run(cfg)
     assert rec["status"] == "ok", rec["error"]
+    return rec
+
+
+def test_record_names_the_layers_a_policy_compressed(tmp_path):
+    rec = h2o_record("gemma3", tmp_path)
     assert rec["compressed_layers"] == [1] and rec["model_family"].startswith("gemma3_text: 1 of 2 layers windowed")
     assert any("windowed layers [0] keep their sliding window" in e for e in rec["extensions"])
 

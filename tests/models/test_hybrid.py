@@ -136,17 +136,9 @@ def test_release_frees_the_state(prompts):
 
 
 def test_record_names_the_state_and_the_compressed_layers(tmp_path):
-    from hydra import compose, initialize_config_dir
+    from tests.models.test_family import h2o_record
 
-    from kvbench import run as kvrun
-    from kvbench.config import CONF_DIR
-
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=["model=tiny-llama", "model.arch=qwen3.5", "task.n_samples=2",
-                                           "task.context_tokens=60", "gen.max_new_tokens=4", "batch_size=2",
-                                           "policy=h2o", "policy.kv_size=24", f"results_dir={tmp_path}"])
-    rec = kvrun.run(cfg)
-    assert rec["status"] == "ok", rec["error"]
+    rec = h2o_record("qwen3.5", tmp_path)
     assert rec["compressed_layers"] == [1] and rec["state_bytes_per_sequence"] == 64 * 4 * 4 + 4 * 8 * 8 * 4
     assert rec["model_family"].startswith("qwen3_5_text: 1 of 2 layers linear attention")
     assert any("linear-attention layers [0] keep their whole state" in e for e in rec["extensions"])
