@@ -8,6 +8,8 @@ Batch-Max; here: why the prompts run on one grid (kvbench.grid), the state in th
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from transformers.cache_utils import LinearAttentionLayer
@@ -176,3 +178,6 @@ def test_shipped_qwen35_configs_plan_their_state_apart(name, linear, state, kv_t
     assert m["attention_kinds"].endswith(f"{linear} of {linear * 4 // 3} layers linear attention")
     assert longer["plan"]["model"]["kv_bytes_one_sample"] - m["kv_bytes_one_sample"] == 100 * kv_token
     assert f"linear-attention state {state / 2**20:.2f} MiB per sequence" in table(rec)
+    if name == "qwen35-27b":  # docs/models.md states this plan's state per sequence
+        docs = (Path(__file__).parents[2] / "docs" / "models.md").read_text()
+        assert f"{state:,} bytes ({state / 2**20:.2f} MiB) per sequence" in docs
