@@ -52,15 +52,17 @@ def generate(
     kvbench.engine; `attention`: auto | sdpa | flash | eager | fused (kvbench.attention; the backend really
     used is `out.attention`, and the account charges its transient); `question_tokens`: per prompt, its last
     tokens that are the question, prefilled after the context's compression (query-agnostic); `kinds`: the
-    model's attention kinds (kvbench.models.family) when the caller has read them (`LoadedModel.kinds`). A
+    model's attention kinds (kvbench.models.family) when the caller has read them and checked them against this
+    policy and sequences at least this long (`family.check_policy`, as `kvbench.run` does once per run; None:
+    read and checked here). A
     backend that cannot run the policy raises kvbench.attention.UnsupportedBackend.
     """
     ids = encode(tokenizer, prompts, add_special_tokens) if prompts and isinstance(prompts[0], str) else [
         list(p) for p in prompts]
     if any(len(x) == 0 for x in ids):
         raise ValueError("empty prompt")
-    # a refused family or an unsuitable policy: ConfigError; the model's kinds read once, here or by the caller
-    kinds = family.check_policy(model.config, policy, max(map(len, ids)) + max_new_tokens, kinds)
+    if kinds is None:  # a refused family or an unsuitable policy: ConfigError (else the caller checked, once per run)
+        kinds = family.check_policy(model.config, policy, max(map(len, ids)) + max_new_tokens)
     if eos_token_ids is None:
         eos_token_ids = eos_ids(model, tokenizer)
     pad = pad_id(model, tokenizer)
