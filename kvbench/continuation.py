@@ -16,6 +16,7 @@ Batches are left-padded like generation's; returns (sum of log-probabilities, ev
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -24,7 +25,8 @@ from kvbench.attention import SCORE_CHUNK, kv_attention, resolve_backend
 from kvbench.budgets import head_rule, knobs
 from kvbench.cache import KVCache
 from kvbench.cache.evict import trim_windows
-from kvbench.engine import Batch, evict_before_forward, pad_id
+from kvbench.engine import Batch, pad_id
+from kvbench.engine.evictions import execute
 from kvbench.models.compat import cache_kwarg
 from kvbench.models.geometry import model_geometry
 from kvbench.policies.base import Policy
@@ -68,9 +70,9 @@ def _score_batch(model, ids: list[list[int]], n_cont: list[int], policy: Policy,
         return model(**kw, logits_to_keep=keep).logits if keep else base(**kw)
 
     try:
-        for r in batch.chunks:
-            evict_before_forward(cache, r, policy, True, None)
-            forward(batch.chunk_ids(r, int(r.max())), r, 0)
+        for planned in itertools.islice(batch.plan, len(batch.chunks)):  # the context's forwards, each after the
+            execute(cache, planned, policy, None)  # actions the plan puts before it
+            forward(batch.chunk_ids(planned.tokens, planned.width), planned.tokens, 0)
         q = batch.question
         compress_for_reading(cache, q, policy)
         width = int(q.max())

@@ -107,9 +107,13 @@ def trim_windows(groups, r: torch.Tensor, gather_layers: int) -> None:
             continue
         rows = (g.n + r > g.capacity) & (r > 0)
         if bool(rows.any()):
-            keep = torch.full_like(g.n, g.sliding - 1)
-            keep_newest(g, rows, keep, 0, gather_layers)
-            g.n = torch.where(rows, keep, g.n)
+            trim_window(g, rows, torch.full_like(g.n, g.sliding - 1), gather_layers)
+
+
+def trim_window(g, rows: torch.Tensor, keep: torch.Tensor, gather_layers: int) -> None:
+    """The rows (B,) bool of windowed group `g` keep their newest `keep` (B,) pairs (its window W - 1), by slicing."""
+    keep_newest(g, rows, keep, 0, gather_layers)
+    g.n = torch.where(rows, keep, g.n)
 
 
 def evict(g, rows: torch.Tensor, keep: torch.Tensor, policy: Policy, *, seen: torch.Tensor, qpos: torch.Tensor,

@@ -75,10 +75,11 @@ def generate(
     accounts: dict[tuple, memory.Account] = {}  # by the batch's lengths, computed before the clock starts
 
     def account(batch: list[list[int]], question: list[int]) -> memory.Account:
-        key = tuple(len(x) - n for x, n in zip(batch, question, strict=True)) + (max(question),)
-        if key not in accounts:  # query-agnostic: the question accounted as generated tokens
-            accounts[key] = memory.account(shape, list(key[:-1]), policy, max_new_tokens=max_new_tokens + key[-1],
-                                           prefill_chunk=prefill_chunk, score_chunk=score_chunk, attention=backend)
+        key = (tuple(len(x) - n for x, n in zip(batch, question, strict=True)), tuple(question))
+        if key not in accounts:  # query-agnostic: the contexts' lengths and the questions', as the batch plans them
+            accounts[key] = memory.account(shape, list(key[0]), policy, max_new_tokens=max_new_tokens,
+                                           prefill_chunk=prefill_chunk, score_chunk=score_chunk, attention=backend,
+                                           question=list(question) if any(question) else None)
         return accounts[key]
 
     def run(batch: list[list[int]], question: list[int]) -> tuple[list[list[int]], dict]:

@@ -2,7 +2,7 @@
 
 Pure arithmetic on a `ModelShape` and counts (no tensor is allocated), each term following the code path
 kvbench runs (transformers' Llama / Phi-3 layers, `kvbench.attention`'s backends, `kvbench.cache`'s eviction);
-`kvbench.memory.accounting` replays a batch's schedule and takes the largest of them. The formulas are in
+`kvbench.memory.accounting` folds a batch's plan and takes the largest of them. The formulas are in
 that module's docstring; tests/memory/test_account.py checks them against the tensor bytes allocated on CPU.
 """
 

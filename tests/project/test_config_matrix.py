@@ -42,7 +42,7 @@ from kvbench import run as kvrun
 from kvbench.cache import KVCache
 from kvbench.conf import load_option
 from kvbench.config import CONF_DIR, prepare
-from kvbench.engine import _Batch
+from kvbench.engine import Batch as _Batch
 from kvbench.results import read_jsonl, read_records
 from kvbench.serve import paged_attention as paged_attention
 from kvbench.serve.model_runner import ModelRunner
