@@ -58,7 +58,7 @@ class Batch:
             track_attention=policy.needs.attention,
             query_window=policy.needs.queries,
             rope_inv_freq=rope_inv_freq(model) if policy.rerotate and policy.evicts else None,
-            **{**geometry, "windows": [None if b else w for w, b in zip(geometry["windows"], bands, strict=True)]},
+            **{**geometry, "windows": windows},  # a window never cut: full attention, as budgeted
             bands=bands,
         )
         self.pad_id = pad_id

@@ -77,3 +77,22 @@ def test_the_plan_trims_a_window_and_compresses_a_question():
     assert [(a.kind, a.group, a.rows.tolist()) for a in q] == [(TRIM, 1, [True, False]), (EVICT, 0, [True, False])]
     assert q[0].keep.tolist() == [7, 7] and q[1].keep.tolist() == [6, 6] and steps[2].evicts
     assert steps[2].keys == (9, 10) and all(not s.before for s in steps[3:])  # 7 + 3, 6 + 2 + 2
+
+
+@pytest.mark.parametrize("schedule", ["decode_only", "after_prefill"])
+def test_a_window_the_batch_never_cuts_is_full_attention(schedule):
+    """A sliding window longer than every sequence of the batch cuts nothing: the policy compresses that layer like
+    a full-attention one (its budgets and slots were a full layer's; the cache had made it a windowed group that
+    trimmed to W - 1 pairs more than it held, and crashed)."""
+    from kvbench.engine import generate
+    from tests.models.test_family import model
+
+    lm = model("mistral-window")  # window 16; 10 prompt tokens + 4 new never reach it
+    prompt, policy = [list(range(3, 13))], H2O(kv_size=8, evict_every=2, schedule=schedule)
+    windowed = generate(lm.model, lm.tokenizer, prompt, policy, max_new_tokens=4).token_ids
+    saved, lm.model.config.sliding_window = lm.model.config.sliding_window, None
+    try:
+        full = generate(lm.model, lm.tokenizer, prompt, policy, max_new_tokens=4).token_ids
+    finally:
+        lm.model.config.sliding_window = saved
+    assert windowed == full and len(full[0]) == 4
