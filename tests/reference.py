@@ -25,6 +25,7 @@ Plain and slow on purpose, for the tests only. Nothing from kvbench is imported:
       "newest"  (window, StreamingLLM)  pos
       "knorm"                minus the key's L2 norm
       "keydiff"              minus the cosine of the key to the mean of the head's unit keys
+      "lagkv"                LagKV's rank of each pair in its partition (tests/reference_methods.py)
       "random"               a 31-bit integer hash of (seed, layer, head, last, pos), top 24 bits
       "snapkv"               per query head: the last `window` queries processed (kept in a
                              per-layer history, RoPE applied) attend, causally, over the pairs held;
@@ -55,6 +56,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from tests.reference_methods import lagkv as lagkv_scores
+
 
 @dataclass
 class Pair:
@@ -83,6 +86,8 @@ class Spec:
     pooling: str = "max"
     layer_kv: tuple[int, ...] | None = None  # per-layer budgets (PyramidKV); None: kv_size in every layer
     pool_window: bool = False  # snapkv: pool over the window's own pairs too
+    n_sink: int = 4  # lagkv
+    lag: int = 128  # lagkv
     head_floor: float | None = None  # AdaKV (after_prefill): a layer's k x H pairs by score over its heads,
     # each head its int(k x head_floor) best first (kvpress's AdaKVPress); None: k pairs in every head
 
@@ -92,7 +97,7 @@ class Spec:
 POLICY_RULES = {"full": None, "window": "newest", "streaming_llm": "newest", "extreme_decode": "newest",
                 "batch_max": "average", "h2o": "sum", "tova": "last_layer", "knorm": "knorm", "keydiff": "keydiff",
                 "random": "random", "snapkv": "snapkv", "pyramidkv": "snapkv",
-                "vatp": "vatp"}
+                "vatp": "vatp", "lagkv": "lagkv"}
 
 
 @dataclass
@@ -283,6 +288,8 @@ def layer_scores(ref, layer: int, heads: list[list[Pair]], spec: Spec, last: int
             anchor = torch.stack(unit).mean(0)
             out.append([-float((u @ anchor / anchor.norm()).float()) for u in unit])  # float32, like knorm
         return out
+    if rule == "lagkv":  # kvpress's LagKVPress, as tests/reference_methods.py states it
+        return lagkv_scores(ref, heads, spec.n_sink, spec.lag)
     if rule == "random":
         return [[random_score(spec.seed, layer, g, last, pr.pos) for pr in pairs] for g, pairs in enumerate(heads)]
     return [[_score(pr, rule, last) for pr in pairs] for pairs in heads]
