@@ -65,3 +65,12 @@ def test_engine_keeps_the_rules_pairs_and_tokens_at_batch_4(tiny_llama):
 def test_schedules_that_evict_while_running_are_refused(schedule):
     with pytest.raises(ConfigError, match="policy.schedule"):
         LagKV(schedule=schedule)
+
+
+def test_bfloat16_ranks_are_a_permutation_in_every_partition():
+    ctx = context((44,))
+    ctx.keys, ctx.values = ctx.keys.bfloat16(), ctx.values.bfloat16()
+    got = LagKV(kv_size=8, lag_size=8).score(ctx)  # float32 ranks from bfloat16 spreads, as kvpress computes them
+    parts = got[..., 4:36].reshape(2, 1, 2, 4, 8).sort(dim=-1).values  # 4 ranked partitions of 8
+    assert torch.equal(parts, (torch.arange(8) / 8).expand_as(parts))
+    assert (got[..., :4] == 1).all() and (got[..., 36:] == 1).all()  # sinks, the last partition and the rest
