@@ -29,6 +29,7 @@ from kvbench.policies import (  # noqa: E402
     H2O,
     TOVA,
     BatchMax,
+    ChunkKV,
     Full,
     KeyDiff,
     Knorm,
@@ -65,6 +66,7 @@ COUNTERPARTS = {
          "budget; ObservedAttention divides the sum by the queries that could attend (Batch-Max's average rule)"),
     ],
     "lagkv": [("lagkv", lambda r: LagKV(compression_ratio=r, schedule=AP), None)],
+    "chunkkv": [("chunkkv", lambda r: ChunkKV(compression_ratio=r, schedule=AP), None)],
     "adakv": [("snapkv head_budget=adaptive", lambda r: SnapKV(compression_ratio=r, schedule=AP,
                                                                head_budget="adaptive", head_floor=0.2), None)],
 }

@@ -64,6 +64,7 @@ def spec_of(policy) -> R.Spec:
         pool_window=getattr(policy, "pool_window", False),
         lag=getattr(policy, "lag_size", 128),
         n_sink=getattr(policy, "n_sink", 4),
+        chunk=getattr(policy, "chunk_length", 0),
     )
 
 
