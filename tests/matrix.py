@@ -197,6 +197,10 @@ def write_mirror(root: Path) -> Path:
     return root
 
 
+# policies defined only as one compression of the whole prompt (docs/policies.md says why for each)
+AFTER_PREFILL_ONLY = ("lagkv", "chunkkv")
+
+
 def violations(c: Combo) -> list[tuple[str, ...]]:
     """The documented refusals this combination meets: for each, the keys its one-line message may name."""
     out = []
@@ -209,6 +213,10 @@ def violations(c: Combo) -> list[tuple[str, ...]]:
         out.append(("policy.schedule",))  # Algorithm 2 is decoding-only
     if c.policy == "extreme_decode" and per_prompt:
         out.append((f"policy.{c.budget}",))  # it keeps one pair, whatever the prompt
+    if c.policy in AFTER_PREFILL_ONLY and c.schedule != "after_prefill":
+        out.append(("policy.schedule",))  # its rule reads the whole prompt at once
+    if c.policy == "chunkkv" and c.head_budget == "adaptive":
+        out.append(("policy.head_budget",))  # every KV head keeps the same chunks
     if c.policy == "pyramidkv" and c.rerotate:
         out.append(("policy.rerotate",))  # rotary positions are shared by layers of different budgets
     if c.preset:  # OpenVINO's preset: serving modes, H2O's accumulated attention, its own areas and schedule

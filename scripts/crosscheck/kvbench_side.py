@@ -25,7 +25,19 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from kvbench.engine import generate  # noqa: E402
-from kvbench.policies import H2O, TOVA, BatchMax, Full, KeyDiff, Knorm, PyramidKV, SnapKV, StreamingLLM  # noqa: E402
+from kvbench.policies import (  # noqa: E402
+    H2O,
+    TOVA,
+    BatchMax,
+    ChunkKV,
+    Full,
+    KeyDiff,
+    Knorm,
+    LagKV,
+    PyramidKV,
+    SnapKV,
+    StreamingLLM,
+)
 
 AP = "after_prefill"
 N_PROMPTS, MAX_TOKENS, NEW_TOKENS, RATIOS = 16, 1000, 64, (0.5, 0.75)
@@ -53,6 +65,8 @@ COUNTERPARTS = {
          "a different rule on purpose: H2O ranks by the plain sum of attention and protects the newest half of the "
          "budget; ObservedAttention divides the sum by the queries that could attend (Batch-Max's average rule)"),
     ],
+    "lagkv": [("lagkv", lambda r: LagKV(compression_ratio=r, schedule=AP), None)],
+    "chunkkv": [("chunkkv", lambda r: ChunkKV(compression_ratio=r, schedule=AP), None)],
     "adakv": [("snapkv head_budget=adaptive", lambda r: SnapKV(compression_ratio=r, schedule=AP,
                                                                head_budget="adaptive", head_floor=0.2), None)],
 }

@@ -62,6 +62,9 @@ def spec_of(policy) -> R.Spec:
         kernel=getattr(policy, "kernel", 7),
         pooling=getattr(policy, "pooling", "max"),
         pool_window=getattr(policy, "pool_window", False),
+        lag=getattr(policy, "lag_size", 128),
+        n_sink=getattr(policy, "n_sink", 4),
+        chunk=getattr(policy, "chunk_length", 0),
     )
 
 
