@@ -61,6 +61,7 @@ def generate(
         raise ValueError("empty prompt")
     # a refused family or an unsuitable policy: ConfigError; the model's kinds read once, here or by the caller
     kinds = family.check_policy(model.config, policy, max(map(len, ids)) + max_new_tokens, kinds)
+    policy.prepare(tokenizer)  # ids a policy derives from the tokenizer, once per run (KVzip's template)
     if eos_token_ids is None:
         eos_token_ids = eos_ids(model, tokenizer)
     pad = pad_id(model, tokenizer)

@@ -14,6 +14,7 @@ from kvbench.cache import KVCache
 from kvbench.cache.layout import right_aligned, to_device
 from kvbench.engine.batch import Batch
 from kvbench.engine.evictions import compress_context, evict_before_forward
+from kvbench.engine.passes import run_passes
 from kvbench.models.compat import cache_kwarg
 from kvbench.models.geometry import model_geometry
 from kvbench.policies.base import Policy
@@ -62,6 +63,8 @@ def prefill(batch: Batch, policy: Policy, forward: Forward, observer, max_new_to
     for k, r in enumerate(chunks):
         evict_before_forward(cache, r, policy, True, observer)
         out = forward(batch.chunk_ids(r, int(r.max())), r, logits=q is None and k == len(chunks) - 1)
+    if policy.needs.passes and policy.evicts:  # the policy's scoring passes, at its compression point
+        run_passes(batch, policy, forward)
     if q is not None:  # query-agnostic: compress the context, then prefill the question, never evicted before
         compress_context(cache, q, policy, observer, max_new_tokens)
         out = forward(batch.chunk_ids(q, int(q.max())), q, logits=True)
@@ -145,7 +148,8 @@ def run_batch(batch: Batch, policy: Policy, forward: Forward, max_new_tokens, eo
     sections = cache.timer.totals()  # after the final sync: CUDA events are read without stalling the loop
     return result, dict(
         prefill_s=t1 - t0, decode_s=t2 - t1, evict_s=sections.get("evict", 0.0),
-        attn_stats_s=sections.get("attn_stats", 0.0), generated_tokens=generated,
+        attn_stats_s=sections.get("attn_stats", 0.0), score_pass_s=sections.get("score_pass", 0.0),
+        generated_tokens=generated,
         peak_kv_bytes=cache.peak_kv_bytes, kv_allocated_bytes=allocated,
         budgets=batch.full_budgets,  # (L_full, B) the budgets the compressed layers held, None for the full cache
     )
