@@ -71,6 +71,7 @@ import torch
 from kvbench.attention import BACKENDS, resolve
 from kvbench.budgets import knobs
 from kvbench.cache import layer_capacities
+from kvbench.memory.passes import pass_bytes
 from kvbench.cache.linear_state import attention_groups
 from kvbench.memory.shape import ModelShape
 from kvbench.memory.state import state_bytes
@@ -201,6 +202,7 @@ def account(
             need = knobs.decode_capacity(policy, int(row.max()), max_new_tokens, s.kv_heads)
             if policy.evicts and cap > need and any(e[0] == gi for e in evictions):
                 transients.append(cache_bytes(s, B, len(layers), need, policy))
+        transients.append(pass_bytes(s, policy, lengths, score_chunk, dev == "cpu", backend))  # scoring passes
         kv = sum(cache_bytes(s, B, len(groups[gi][1]), groups[gi][2], policy, groups[gi][4]) for gi in mine)
         kv += state_bytes(s, B, [layer_devices[i] for i in s.linear].count(dev))  # a hybrid's linear layers
         onload = s.onload.get(dev, 0)  # an offloaded layer's weights, brought here for its forward (accelerate)

@@ -150,6 +150,15 @@ class Policy:
         the ids fed, the context positions [start, end) scored), run at the compression point."""
         return []
 
+    def pass_width(self, length: int) -> int:
+        """`needs.passes`: the most tokens one pass over a context of `length` ids feeds (the memory account's)."""
+        return 0
+
+    def pass_bytes(self, *, rows: int, kv_heads: int, q_heads: int, tokens: int, pairs: int, head_dim: int,
+                   elem: int) -> int:
+        """`needs.passes`: transient bytes `pass_scores` allocates at one layer (kvbench.memory.passes)."""
+        return 0
+
     def pass_scores(self, ctx) -> torch.Tensor:
         """`needs.passes`: (B, H_kv, N) statistic of each held pair at one layer of one pass
         (kvbench.engine.passes.PassContext); the engine keeps its max over passes (`ScoreContext.own`)."""

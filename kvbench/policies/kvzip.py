@@ -25,8 +25,7 @@ from kvbench.policies.base import AFTER_PREFILL, Needs, Policy, ScoreContext
 
 @dataclass
 class KVzip(Policy):
-    kv_size: int | None = None
-    compression_ratio: float | None = 0.5
+    kv_size: int | None = 256
     schedule: str = AFTER_PREFILL
     head_budget: str = "global"
     n_sink: int = 4
@@ -59,6 +58,23 @@ class KVzip(Policy):
             raise RuntimeError(f"{self.name}: call prepare(tokenizer) before generating (kvbench.engine.generate does)")
         prefix, suffix = self._template
         return kvzip_template.passes(self._tokenizer, context, self.chunk_size, 8, prefix, suffix)
+
+    def pass_width(self, length: int) -> int:
+        """The repeat prompt (+ the previous chunk's last 8 ids after the first), the suffix and a chunk; before
+        `prepare`, 64 ids stand for the prompt and the suffix."""
+        t = getattr(self, "_template", None)
+        if t is None:
+            return min(length, self.chunk_size) + 64
+        encode = lambda text: len(self._tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
+        ctx = max(length - t[0], 0)
+        ask = encode(kvzip_template.FIRST) if ctx <= self.chunk_size else max(
+            encode(kvzip_template.FIRST), encode(kvzip_template.NEXT) + 8)
+        return ask + len(t[1]) + min(ctx, self.chunk_size)
+
+    def pass_bytes(self, *, rows, kv_heads, q_heads, tokens, pairs, head_dim, elem) -> int:
+        keys = rows * kv_heads * (pairs + tokens) * head_dim * elem  # the held and own keys concatenated
+        weights = rows * q_heads * tokens * (pairs + tokens) * elem  # the logits, then their softmax
+        return keys + 2 * weights + rows * tokens * (pairs + tokens) * 2  # + the masks
 
     def pass_scores(self, ctx) -> torch.Tensor:
         B, Hq, T, D = ctx.query.shape

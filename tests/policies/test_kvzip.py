@@ -56,9 +56,9 @@ def test_kvzip_keeps_kvpress_pairs_and_generates_its_tokens(name):
 
 @pytest.mark.parametrize("rule", ["global", "layerwise"])
 def test_each_row_of_a_padded_batch_is_the_reference(rule):
-    """Contexts of 40, 23 and 57 ids (1, 1 and 3 passes of 16): each row keeps the reference rule's pairs and
+    """Contexts of 40, 23, 57 and 12 ids (3, 2, 4 and 1 passes of 16, the last ones padded): each row keeps the reference rule's pairs and
     decodes its tokens; the per-head counts differ (the global rule)."""
-    prompts = [T.prompt_ids(40, seed=1), T.prompt_ids(23, seed=5), T.prompt_ids(57, seed=9)]
+    prompts = [T.prompt_ids(40, seed=1), T.prompt_ids(23, seed=5), T.prompt_ids(57, seed=9), T.prompt_ids(12, seed=4)]
     tokens, kept, _ = run(KVzip(compression_ratio=0.5, chunk_size=16, head_budget=rule), prompts)
     ref = prefilled()[0]
     for b, ids in enumerate(prompts):
