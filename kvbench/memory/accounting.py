@@ -71,8 +71,8 @@ import torch
 from kvbench.attention import BACKENDS, resolve
 from kvbench.budgets import knobs
 from kvbench.cache import layer_capacities
-from kvbench.memory.passes import pass_bytes
 from kvbench.cache.linear_state import attention_groups
+from kvbench.memory.passes import pass_bytes
 from kvbench.memory.shape import ModelShape
 from kvbench.memory.state import state_bytes
 from kvbench.memory.terms import cache_bytes, evict_bytes, forward_bytes, trim_bytes
