@@ -25,7 +25,18 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from kvbench.engine import generate  # noqa: E402
-from kvbench.policies import H2O, TOVA, BatchMax, Full, KeyDiff, Knorm, PyramidKV, SnapKV, StreamingLLM  # noqa: E402
+from kvbench.policies import (  # noqa: E402
+    H2O,
+    TOVA,
+    BatchMax,
+    Full,
+    KeyDiff,
+    Knorm,
+    KVzip,
+    PyramidKV,
+    SnapKV,
+    StreamingLLM,
+)
 
 AP = "after_prefill"
 N_PROMPTS, MAX_TOKENS, NEW_TOKENS, RATIOS = 16, 1000, 64, (0.5, 0.75)
@@ -55,6 +66,7 @@ COUNTERPARTS = {
     ],
     "adakv": [("snapkv head_budget=adaptive", lambda r: SnapKV(compression_ratio=r, schedule=AP,
                                                                head_budget="adaptive", head_floor=0.2), None)],
+    "kvzip": [("kvzip", lambda r: KVzip(compression_ratio=r), None)],
 }
 # `CROSSCHECK_PRESSES=adakv CROSSCHECK_RATIOS=0.5`: run only those presses and ratios (both sides read them)
 ONLY = [p for p in os.environ.get("CROSSCHECK_PRESSES", "").split(",") if p]
