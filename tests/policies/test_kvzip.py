@@ -75,3 +75,31 @@ def test_schedules_where_it_is_not_defined_are_refused(schedule):
         KVzip(schedule=schedule)
     with pytest.raises(ConfigError, match="global or layerwise"):
         KVzip(head_budget="uniform")
+
+
+def test_query_agnostic_compresses_the_context_before_the_question():
+    """task.query_aware=false: the passes reconstruct each row's context only (its question not yet seen), and
+    each row keeps the reference rule's pairs of its context."""
+    from tests import reference_passes as P
+    from tests import reference_select as S
+
+    prompts = [T.prompt_ids(46, seed=2), T.prompt_ids(30, seed=6)]
+    questions = [6, 4]
+    policy = KVzip(compression_ratio=0.5, chunk_size=16)
+    policy.prepare(T.CharTokenizer())
+    kept = []
+
+    def observer(event, cache):
+        if event == "evict":
+            kept.append([[[[p for p in row if p >= 0] for row in cache.kept_positions(layer, b).tolist()]
+                          for layer in range(cache.num_layers)] for b in range(len(prompts))])
+
+    with kv_attention(model()):
+        generate_batch(model(), prompts, policy, max_new_tokens=NEW, ignore_eos=True, observer=observer,
+                       question_tokens=questions)
+    assert len(kept) == 1
+    ref = prefilled()[0]
+    for b, (ids, q) in enumerate(zip(prompts, questions, strict=True)):
+        ctx = G.prefill(ref, ids[:-q], T.CharTokenizer())
+        want = S.kvzip(P.kvzip_table(ref, ctx.cache, T.CharTokenizer(), ctx.ids, chunk=16), 0.5)
+        assert kept[0][b] == want, b
