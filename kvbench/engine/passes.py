@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kvbench.attention.interface import attention_modules
+from kvbench.attention.interface import _hand_hidden, attention_modules
 
 
 @dataclass
@@ -33,7 +33,7 @@ class PassContext:
     n:        (B,) pairs held per row; start, end: (B,) the context positions (= slots) the row's pass scores
               (start = end: the row has no pass this round)
     real:     (B, T) bool, the pass's real tokens
-    hidden:   (B, T, h) the hidden states entering the layer's attention (None unless `needs.hidden`)
+    hidden:   (B, T, h) the hidden states entering the layer's attention (after its input norm)
     module:   the layer's attention module (o_proj: KVzip+); scale: the softmax scale
     """
 
@@ -95,10 +95,8 @@ def run_passes(batch, policy, forward) -> None:
     seen = cache.seen.tolist()
     per_row = [policy.scoring_passes(batch.prompts[b, :s].tolist()) for b, s in enumerate(seen)]
     state: dict = {}
-    hooks = []
-    if getattr(policy.needs, "hidden", 0):  # the hidden states entering each attention (KVzip+'s norm)
-        from kvbench.attention.interface import _hand_hidden
-        hooks = [m.register_forward_pre_hook(_hand_hidden, with_kwargs=True) for m in attention_modules(forward.model)]
+    # the hidden states entering each attention (KVzip+'s norm): the model's own activations, for the passes only
+    hooks = [m.register_forward_pre_hook(_hand_hidden, with_kwargs=True) for m in attention_modules(forward.model)]
     try:
         with cache.timer("score_pass", cache.devices):
             for r in range(max((len(p) for p in per_row), default=0)):

@@ -92,7 +92,8 @@ class KVzip(Policy):
         w = torch.softmax(logits, dim=-1)[..., :N]  # (B, H, G, T, N) model dtype, as kvpress
         del logits
         w = self.weigh(w, ctx, H, G)
-        w = w * (chunk[:, None, None, None, :] & ctx.real[:, None, None, :, None])  # the chunk, real queries
+        keep = chunk[:, None, None, None, :] & ctx.real[:, None, None, :, None]  # the chunk, real queries
+        w = w.masked_fill(~keep, 0)  # (a pad's hidden state may be 0: KVzip+'s 1 / ||h|| is inf there)
         return w.amax(dim=(2, 3))  # (B, H, N)
 
     def weigh(self, w: torch.Tensor, ctx, H: int, G: int) -> torch.Tensor:

@@ -15,6 +15,7 @@ from kvbench.attention import kv_attention
 from kvbench.engine import generate_batch
 from kvbench.errors import ConfigError
 from kvbench.policies.kvzip import KVzip
+from kvbench.policies.kvzip_plus import KVzipPlus
 from tests import kvpress_tiny as T
 from tests import reference_generate as G
 from tests.policies.test_reference_methods import fixture, prefilled
@@ -44,26 +45,29 @@ def run(policy, prompts: list[list[int]]):
     return tokens, kept[0], stats
 
 
-@pytest.mark.parametrize("name", ["kvzip", "kvzip_layerwise"])
+@pytest.mark.parametrize("name", ["kvzip", "kvzip_layerwise", "kvzip_plus"])
 def test_kvzip_keeps_kvpress_pairs_and_generates_its_tokens(name):
     fx = fixture(name)
     rule = "layerwise" if fx["args"].get("layerwise") else "global"
-    tokens, kept, stats = run(KVzip(compression_ratio=fx["ratio"], chunk_size=fx["args"]["chunk_size"],
+    cls = KVzipPlus if fx["args"].get("kvzip_plus_normalization") else KVzip
+    tokens, kept, stats = run(cls(compression_ratio=fx["ratio"], chunk_size=fx["args"]["chunk_size"],
                                     head_budget=rule), [fx["ids"]])
     assert kept[0] == fx["kept"] and tokens[0] == fx["tokens"][:NEW]
     assert 0 < stats["score_pass_s"] < stats["prefill_s"]
 
 
+@pytest.mark.parametrize("plus", [False, True])
 @pytest.mark.parametrize("rule", ["global", "layerwise"])
-def test_each_row_of_a_padded_batch_is_the_reference(rule):
+def test_each_row_of_a_padded_batch_is_the_reference(rule, plus):
     """Contexts of 40, 23, 57 and 12 ids (3, 2, 4 and 1 passes of 16, the last ones padded): each row keeps the reference rule's pairs and
     decodes its tokens; the per-head counts differ (the global rule)."""
     prompts = [T.prompt_ids(40, seed=1), T.prompt_ids(23, seed=5), T.prompt_ids(57, seed=9), T.prompt_ids(12, seed=4)]
-    tokens, kept, _ = run(KVzip(compression_ratio=0.5, chunk_size=16, head_budget=rule), prompts)
+    tokens, kept, _ = run((KVzipPlus if plus else KVzip)(compression_ratio=0.5, chunk_size=16, head_budget=rule),
+                          prompts)
     ref = prefilled()[0]
     for b, ids in enumerate(prompts):
         want_tokens, want = G.generate(ref, ids, NEW, "kvzip", 0.5, T.CharTokenizer(), chunk=16,
-                                       layerwise=rule == "layerwise")
+                                       layerwise=rule == "layerwise", plus=plus)
         assert kept[b] == want, b
         assert tokens[b] == want_tokens, b
     assert len({len(h) for layer in kept[2] for h in layer}) > 1
