@@ -228,6 +228,15 @@ def violations(c: Combo) -> list[tuple[str, ...]]:
             out.append(("policy.schedule",))
         if c.policy == "h2o" and per_prompt:
             out.append((f"policy.{c.budget}",))
+    if getattr(registry()[c.policy].needs, "passes", False):  # KVzip: the whole context reconstructed once, after prefill
+        if c.schedule != "after_prefill":
+            out.append(("policy.schedule",))
+        if c.head_budget == "adaptive":
+            out.append(("policy.head_budget",))  # its own ranking (global or layerwise)
+        if c.rerotate:
+            out.append(("policy.head_budget", "policy.rerotate"))  # heads of different counts
+        if c.serving and c.evicts:
+            out.append(("mode",))  # no scoring pass in serve mode
     if c.head_budget == "adaptive":
         if c.policy in ("full", "window", "streaming_llm", "extreme_decode"):
             out.append(("policy.head_budget",))  # no score to split a layer's budget by (full: no budget)

@@ -99,7 +99,11 @@ class Spec:
 POLICY_RULES = {"full": None, "window": "newest", "streaming_llm": "newest", "extreme_decode": "newest",
                 "batch_max": "average", "h2o": "sum", "tova": "last_layer", "knorm": "knorm", "keydiff": "keydiff",
                 "random": "random", "snapkv": "snapkv", "pyramidkv": "snapkv",
-                "vatp": "vatp", "lagkv": "lagkv", "chunkkv": "chunkkv"}
+                "vatp": "vatp", "lagkv": "lagkv", "chunkkv": "chunkkv",
+                "kvzip": "kvzip", "kvzip_plus": "kvzip"}
+# a rule of tests/reference_generate.py's METHODS (compressed once after prefill): its parameters from the policy's
+METHOD_PARAMS = {"kvzip": lambda p: dict(chunk=p.chunk_size, layerwise=p.head_budget == "layerwise"),
+                 "kvzip_plus": lambda p: dict(chunk=p.chunk_size, layerwise=p.head_budget == "layerwise", plus=True)}
 
 
 @dataclass

@@ -14,6 +14,7 @@ from kvbench.cache import KVCache
 from kvbench.cache.layout import right_aligned, to_device
 from kvbench.engine.batch import Batch
 from kvbench.engine.evictions import execute
+from kvbench.engine.passes import run_passes
 from kvbench.models.compat import cache_kwarg
 from kvbench.models.geometry import model_geometry
 from kvbench.policies.base import Policy
@@ -58,11 +59,16 @@ class Forward:
 def prefill(batch: Batch, plan, policy: Policy, forward: Forward, observer) -> torch.Tensor:
     """The prompt's forwards (and the question's, query-agnostic), each after the actions the plan puts before it;
     returns the first generated token (B,)."""
-    out = None
+    out, passes = None, policy.needs.passes and policy.evicts  # the policy's scoring passes: at its compression point
     while out is None:  # the plan's prefill steps: the last one (the prompt's, or the question's) makes logits
         step = next(plan)
+        if passes and step.kind == "question":  # query-agnostic: over the context, before it is compressed
+            run_passes(batch, policy, forward)
+            passes = False
         execute(batch.cache, step, policy, observer)
         out = forward(batch.chunk_ids(step.tokens, step.width), step.tokens, logits=step.logits)
+    if passes:  # after the prompt's prefill, before the first decode step's compression
+        run_passes(batch, policy, forward)
     return out.argmax(-1).to(forward.dev)  # (B,) the logits are not kept alive through the decode loop
 
 
@@ -141,7 +147,8 @@ def run_batch(batch: Batch, policy: Policy, forward: Forward, max_new_tokens, eo
     sections = cache.timer.totals()  # after the final sync: CUDA events are read without stalling the loop
     return result, dict(
         prefill_s=t1 - t0, decode_s=t2 - t1, evict_s=sections.get("evict", 0.0),
-        attn_stats_s=sections.get("attn_stats", 0.0), generated_tokens=generated,
+        attn_stats_s=sections.get("attn_stats", 0.0), score_pass_s=sections.get("score_pass", 0.0),
+        generated_tokens=generated,
         peak_kv_bytes=cache.peak_kv_bytes, kv_allocated_bytes=allocated,
         budgets=batch.full_budgets,  # (L_full, B) the budgets the compressed layers held, None for the full cache
     )

@@ -74,6 +74,7 @@ from kvbench.budgets import knobs
 from kvbench.cache import layer_capacities
 from kvbench.cache.band import split_groups
 from kvbench.cache.linear_state import attention_groups
+from kvbench.memory.passes import pass_bytes
 from kvbench.memory.shape import ModelShape
 from kvbench.memory.state import state_bytes
 from kvbench.memory.terms import cache_bytes, evict_bytes, forward_bytes, trim_bytes
@@ -187,6 +188,7 @@ def account(
             else:  # + the padded prompts (int64), alive throughout
                 transients.append(B * longest * 8 + (evict_bytes(s, L, B, N, rows, keep, policy) if kind == EVICT
                                                      else trim_bytes(s, L, rows, keep)))
+        transients.append(pass_bytes(s, policy, lengths, score_chunk, dev == "cpu", backend))  # scoring passes
         state = state_bytes(s, B, [layer_devices[i] for i in s.linear].count(dev))  # a hybrid's linear layers
         kv = [sum(cache_bytes(s, B, len(groups[gi][1]), c[gi], policy, groups[gi][4]) for gi in mine) + state
               for c in step_caps]  # the cache during each forward (a resize shrinks it)

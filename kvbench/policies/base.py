@@ -59,6 +59,8 @@ class ScoreContext:
              first, whatever forwards they came from; when `needs.queries` > 0
     query_pos: (1, B, 1, W) their source positions, -1 for an empty entry (fewer than W processed)
     scale:   the attention's softmax scale (the model's, usually D ** -0.5)
+    own:     (L, B, H_kv, N) the running max of the policy's scoring passes' statistic (`pass_scores`), 0 for a
+             pair no pass scored; when `needs.passes` (kvbench.engine.passes)
     """
 
     pos: torch.Tensor
@@ -72,6 +74,7 @@ class ScoreContext:
     queries: torch.Tensor | None = None
     query_pos: torch.Tensor | None = None
     scale: float | None = None
+    own: torch.Tensor | None = None
 
 
 @dataclass
@@ -138,6 +141,29 @@ class Policy:
             self.compression_ratio is not None) else None
 
     # ----------------------------------------------------------------- scoring
+    def prepare(self, tokenizer) -> None:
+        """Derive what the policy needs from the run's tokenizer, once per run, before any batch (e.g. KVzip's
+        chat-template ids); `kvbench.engine.generate` calls it. Nothing by default."""
+
+    def scoring_passes(self, context: list[int]) -> list:
+        """`needs.passes`: the passes over one row's context ids (`kvbench.artifacts.kvzip_template.ReplayPass`:
+        the ids fed, the context positions [start, end) scored), run at the compression point."""
+        return []
+
+    def pass_width(self, length: int) -> int:
+        """`needs.passes`: the most tokens one pass over a context of `length` ids feeds (the memory account's)."""
+        return 0
+
+    def pass_bytes(self, *, rows: int, kv_heads: int, q_heads: int, tokens: int, pairs: int, head_dim: int,
+                   elem: int) -> int:
+        """`needs.passes`: transient bytes `pass_scores` allocates at one layer (kvbench.memory.passes)."""
+        return 0
+
+    def pass_scores(self, ctx) -> torch.Tensor:
+        """`needs.passes`: (B, H_kv, N) statistic of each held pair at one layer of one pass
+        (kvbench.engine.passes.PassContext); the engine keeps its max over passes (`ScoreContext.own`)."""
+        raise NotImplementedError(f"policy {self.name} runs no scoring pass")
+
     def score(self, stats: ScoreContext) -> torch.Tensor:
         """Higher = keep. Shape (L, B, H_kv, N) like the stats."""
         raise NotImplementedError(f"policy {self.name} does not score pairs")

@@ -9,6 +9,9 @@ attention: running per-pair attention statistics (sum_w, last_w), collected insi
 keys:      the cached keys (RoPE applied)
 values:    the cached values
 queries:   the newest W queries processed (RoPE applied), with their positions and the softmax scale
+passes:    scoring passes: extra forwards over token sequences built from each row's context, run at the
+           compression point (`Policy.scoring_passes`, `Policy.pass_scores`; kvbench.engine.passes), whose per-pair
+           statistic the score reads as `ScoreContext.own`
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ class Needs:
     keys: bool = False
     values: bool = False
     queries: int = 0
+    passes: bool = False
 
     @property
     def any(self) -> bool:
         """Whether the score reads anything besides positions and counts."""
-        return self.attention or self.keys or self.values or self.queries > 0
+        return self.attention or self.keys or self.values or self.queries > 0 or self.passes

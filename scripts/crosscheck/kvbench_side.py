@@ -33,6 +33,7 @@ from kvbench.policies import (  # noqa: E402
     Full,
     KeyDiff,
     Knorm,
+    KVzip,
     LagKV,
     PyramidKV,
     SnapKV,
@@ -69,6 +70,7 @@ COUNTERPARTS = {
     "chunkkv": [("chunkkv", lambda r: ChunkKV(compression_ratio=r, schedule=AP), None)],
     "adakv": [("snapkv head_budget=adaptive", lambda r: SnapKV(compression_ratio=r, schedule=AP,
                                                                head_budget="adaptive", head_floor=0.2), None)],
+    "kvzip": [("kvzip", lambda r: KVzip(compression_ratio=r), None)],
 }
 # `CROSSCHECK_PRESSES=adakv CROSSCHECK_RATIOS=0.5`: run only those presses and ratios (both sides read them)
 ONLY = [p for p in os.environ.get("CROSSCHECK_PRESSES", "").split(",") if p]
