@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from kvbench.attention.interface import attention_modules
 from kvbench.budgets import Budgets
 from kvbench.cache import KVCache, layer_capacities
 from kvbench.errors import ConfigError
@@ -13,6 +14,14 @@ from kvbench.models import family
 from kvbench.models.geometry import rope_inv_freq
 from kvbench.policies.base import Policy
 from kvbench.schedule import prefill_chunks
+
+
+def observer_kwargs(model, policy: Policy) -> dict:
+    """A policy's observe step (kvbench.policies.needs): the policy, each layer's attention module, the rotary embedding."""
+    if not policy.needs.observes:
+        return {}
+    return {"observer": policy, "modules": attention_modules(model),
+            "rotary": getattr(model.get_decoder(), "rotary_emb", None)}
 
 
 class Batch:
@@ -61,7 +70,7 @@ class Batch:
             query_window=policy.needs.queries,
             rope_inv_freq=rope_inv_freq(model) if policy.rerotate and policy.evicts else None,
             **{**geometry, "windows": [None if b else w for w, b in zip(geometry["windows"], bands, strict=True)]},
-            bands=bands,
+            bands=bands, **observer_kwargs(model, policy),
         )
         self.pad_id = pad_id
 
