@@ -113,8 +113,7 @@ def trim_windows(groups, r: torch.Tensor, gather_layers: int) -> None:
 
 
 def evict(g, rows: torch.Tensor, keep: torch.Tensor, policy: Policy, *, seen: torch.Tensor, qpos: torch.Tensor,
-          scale: float | None, inv_freq: torch.Tensor | None, gather_layers: int, modules=None,
-          rotary=None) -> torch.Tensor | None:
+          scale: float | None, inv_freq: torch.Tensor | None, gather_layers: int, observer=None) -> torch.Tensor | None:
     """Keep `keep` (B,) pairs of every (layer, head) of the rows (B,) bool of group `g`; counts updated. Under
     adaptive head budgets `keep` is each head's average and the heads' counts (L_g, B', H) are returned (CPU)."""
     n_rows, k_rows = g.n[rows], keep[rows]
@@ -140,10 +139,10 @@ def evict(g, rows: torch.Tensor, keep: torch.Tensor, policy: Policy, *, seen: to
             values=g.v[:, sel, :, :N] if policy.needs.values else None,
             queries=g.q[:, sel] if policy.needs.queries else None,
             query_pos=h["qpos"][None, :, None, :] if policy.needs.queries else None,
-            scale=scale, rotary=rotary,
+            scale=scale, rotary=None if observer is None else observer.rotary,
             pair={k[4:]: x for k, x in t.items() if k.startswith("own:")} or None,
             state={k: x[:, sel] for k, x in g.rows.items()} or None,
-            modules=None if modules is None else [modules[layer] for layer in g.layers],
+            modules=None if observer is None else [observer.modules[layer] for layer in g.layers],
         )
         uneven = head_rule(policy).needs_score
         ranked = rank(policy.score(stats), t["pos"], last, h["n"], policy.protect_first, h["recent"])

@@ -10,10 +10,21 @@ them) collects nothing. The flags say what the layer wants, so attention compute
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from kvbench.cache import window
 from kvbench.policies.needs import Observation
+
+
+@dataclass
+class Observing:
+    """A policy's observe step over a cache: the policy, each layer's attention module, the model's rotary embedding."""
+
+    policy: object
+    modules: list
+    rotary: object = None
 
 
 class LayerSink:
@@ -21,7 +32,7 @@ class LayerSink:
         self.g, self.i, self.step = g, i, step
         self.track = g.sum_w is not None  # attention statistics (scored policies, full-attention groups)
         self.queries = g.q is not None  # the newest queries (a policy's query window)
-        self.observer = observer if g.sliding is None else None  # (policy, rotary): a policy's observe step
+        self.observer = observer if g.sliding is None else None  # a policy's observe step (Observing)
         self.observes = self.observer is not None
 
     def accumulate(self, w_sum: torch.Tensor, w_last: torch.Tensor) -> None:
@@ -44,7 +55,7 @@ class LayerSink:
     def observe(self, module, query: torch.Tensor, key, value, scaling: float, hidden: torch.Tensor | None) -> None:
         """The policy's observe step over this forward's new pairs (key/value: the layer's held pairs after the write)."""
         g, i, st = self.g, self.i, self.step
-        policy, rotary = self.observer
+        policy, rotary = self.observer.policy, self.observer.rotary
         k = g.k[i][st.b_idx, :, st.slot].transpose(1, 2)  # (B, H, T, D) the new pairs, as written
         v = g.v[i][st.b_idx, :, st.slot].transpose(1, 2)
         state = {n: x[i] for n, x in g.rows.items()}  # (B, *shape) views: updated in place

@@ -34,7 +34,7 @@ class Group:
     """
 
     def __init__(self, layers, batch, heads, capacity, head_dim, dtype, device, track, q_heads=0, window=0,
-                 budget=None, rerotate=False, index=0, sliding: int | None = None, own=((), {})):
+                 budget=None, rerotate=False, index=0, sliding: int | None = None, own=None):
         self.layers = list(layers)
         self.index = index
         self.sliding = sliding  # the layers' sliding window W (None: full attention, the policy's to compress)
@@ -59,7 +59,8 @@ class Group:
         self.scale: float | None = None  # the attention's softmax scale, seen by the first forward that kept queries
         self.k_src = torch.zeros_like(self.k) if rerotate else None  # keys as written (re-rotation's source)
         self.rot = torch.zeros_like(self.pos) if rerotate else None  # the rotary position each was written at
-        pair, rows = own if sliding is None else ((), {})  # a policy's own state (needs.pair_state / row_state)
+        # a policy's own state (`own`: its Needs, kvbench.policies.needs: pair_state, row_state)
+        pair, rows = ((), {}) if own is None or sliding is not None else (own.pair_state, own.row_shapes(q_heads, heads, head_dim))
         self.own = {f"own:{n}": torch.zeros(L, batch, heads, S, dtype=torch.float32, device=self.device) for n in pair}
         self.rows = {n: torch.zeros(L, batch, *shape, dtype=torch.float32, device=self.device)
                      for n, shape in rows.items()}
@@ -152,7 +153,7 @@ def form_groups(layer_devices, capacities: list[int], budgets: torch.Tensor | No
 
 def nbytes_for(*, batch_size: int, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int,
                dtype: torch.dtype, track_attention: bool, num_q_heads: int | None = None, query_window: int = 0,
-               rerotate: bool = False, window: int | None = None, own=((), {})) -> int:
+               rerotate: bool = False, window: int | None = None, own=None) -> int:
     """What `allocated_bytes()` reports for such a cache (a group of it with `window`), before building it
     (kvbench.memory's account): built from the same `Group` on the meta device, so the count cannot drift."""
     return Group(range(num_layers), batch_size, num_kv_heads, capacity, head_dim, dtype, "meta", track_attention,

@@ -8,6 +8,7 @@ import torch
 from kvbench.attention.interface import attention_modules
 from kvbench.budgets import Budgets
 from kvbench.cache import KVCache, layer_capacities
+from kvbench.cache.sink import Observing
 from kvbench.errors import ConfigError
 from kvbench.grid import grid_chunks
 from kvbench.models import family
@@ -20,8 +21,7 @@ def observer_kwargs(model, policy: Policy) -> dict:
     """A policy's observe step (kvbench.policies.needs): the policy, each layer's attention module, the rotary embedding."""
     if not policy.needs.observes:
         return {}
-    return {"observer": policy, "modules": attention_modules(model),
-            "rotary": getattr(model.get_decoder(), "rotary_emb", None)}
+    return {"observer": Observing(policy, attention_modules(model), getattr(model.get_decoder(), "rotary_emb", None))}
 
 
 class Batch:

@@ -116,7 +116,7 @@ def cache_bytes(s: ModelShape, B: int, L: int, slots: int, policy, window: int |
     return KVCache.nbytes_for(
         batch_size=B, num_layers=L, num_kv_heads=s.kv_heads, head_dim=s.head_dim, capacity=slots, dtype=s.dtype,
         track_attention=policy.needs.attention, num_q_heads=s.q_heads, query_window=policy.needs.queries,
-        rerotate=policy.rerotate and policy.evicts, window=window, own=own_state(s, policy),
+        rerotate=policy.rerotate and policy.evicts, window=window, own=policy.needs if policy.needs.observes else None,
     )
 
 
@@ -130,10 +130,3 @@ def observe_bytes(s: ModelShape, B: int, T: int, policy) -> int:
             + policy.observe_bytes(rows=B, tokens=T, q_heads=s.q_heads, kv_heads=s.kv_heads, head_dim=s.head_dim,
                                    hidden=s.hidden, elem=s.elem))
 
-
-def own_state(s: ModelShape, policy) -> tuple:
-    """A policy's own state as the cache allocates it (kvbench.policies.needs): (pair names, row shapes)."""
-    nd = policy.needs
-    if not nd.observes:
-        return (), {}
-    return nd.pair_state, nd.row_shapes(s.q_heads, s.kv_heads, s.head_dim)
