@@ -98,7 +98,7 @@ def continuation_logprobs(model, ids: Sequence[Sequence[int]], n_cont: Sequence[
     pad = pad_id(model, tokenizer) if tokenizer is not None else 0
     backend = resolve_backend(attention, model, policy.needs.attention, head_rule(policy).uneven)
     out: list[tuple[float, bool]] = []
-    with kv_attention(model):
+    with kv_attention(model, hidden=policy.needs.hidden):
         for s in range(0, len(ids), batch_size):
             out += _score_batch(model, [list(x) for x in ids[s:s + batch_size]], list(n_cont[s:s + batch_size]),
                                 policy, pad, geometry, prefill_chunk, backend, score_chunk)

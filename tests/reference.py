@@ -100,10 +100,12 @@ POLICY_RULES = {"full": None, "window": "newest", "streaming_llm": "newest", "ex
                 "batch_max": "average", "h2o": "sum", "tova": "last_layer", "knorm": "knorm", "keydiff": "keydiff",
                 "random": "random", "snapkv": "snapkv", "pyramidkv": "snapkv",
                 "vatp": "vatp", "lagkv": "lagkv", "chunkkv": "chunkkv",
-                "kvzip": "kvzip", "kvzip_plus": "kvzip"}
+                "kvzip": "kvzip", "kvzip_plus": "kvzip",
+                "expected_attention": "expected_attention", "kvzap": "kvzap"}
 # a rule of tests/reference_generate.py's METHODS (compressed once after prefill): its parameters from the policy's
 METHOD_PARAMS = {"kvzip": lambda p: dict(chunk=p.chunk_size, layerwise=p.head_budget == "layerwise"),
                  "kvzip_plus": lambda p: dict(chunk=p.chunk_size, layerwise=p.head_budget == "layerwise", plus=True)}
+HIDDEN_RULES = {"expected_attention", "kvzap"}  # rules that read each layer's input hidden states (recorded while they run)
 
 
 @dataclass
@@ -325,9 +327,29 @@ def layer_scores(ref, layer: int, heads: list[list[Pair]], spec: Spec, last: int
         return chunkkv_scores(ref, heads, spec, last, history[layer])
     if rule == "lagkv":  # kvpress's LagKVPress, as tests/reference_methods.py states it
         return lagkv_scores(ref, heads, spec.n_sink, spec.lag)
+    if rule == "expected_attention":  # tests/reference_methods.py's rule over every hidden state seen so far
+        from tests.reference_methods import expected_attention
+
+        return expected_attention(ref, layer, heads, ref.hidden[layer])
+    if rule == "kvzap":  # tests/reference_methods.py's rule with the random MLP scorer kvzap's tests use (seed 0)
+        from tests.reference_methods import kvzap
+
+        return kvzap(*_tiny_kvzap(ref), layer, heads, ref.hidden[layer])
     if rule == "random":
         return [[random_score(spec.seed, layer, g, last, pr.pos) for pr in pairs] for g, pairs in enumerate(heads)]
     return [[_score(pr, rule, last) for pr in pairs] for pairs in heads]
+
+
+def _tiny_kvzap(ref) -> tuple[dict, dict]:
+    """(config, weights) of the random KVzap scorer kvbench builds for a model with no name (its tiny ones)."""
+    from types import SimpleNamespace
+
+    from kvbench.artifacts.kvzap_scorer import tiny_scorer
+
+    shape = SimpleNamespace(hidden_size=ref.layers[0]["wo"].shape[0], num_key_value_heads=ref.Hkv,
+                            num_hidden_layers=len(ref.layers))
+    s = tiny_scorer(shape, hidden_dim=8)
+    return s.config(), {k: v.detach() for k, v in s.state_dict().items()}
 
 
 def _score(pr: Pair, rule: str, last: int) -> float:
@@ -389,6 +411,17 @@ def kept(cache) -> list[list[list[int]]]:
 
 def generate(ref: ReferenceModel, prompt: list[int], max_new: int, spec: Spec | None) -> Trace:
     """Greedy generation of `max_new` tokens (EOS ignored) under `spec` (None: full cache)."""
+    hidden = spec is not None and spec.rule in HIDDEN_RULES
+    if hidden:  # the hidden states entering each layer's attention, recorded while it runs
+        ref.hidden = [[] for _ in ref.layers]
+    try:
+        return _generate(ref, prompt, max_new, spec)
+    finally:
+        if hidden:
+            ref.hidden = None
+
+
+def _generate(ref: ReferenceModel, prompt: list[int], max_new: int, spec: Spec | None) -> Trace:
     cache = ref.new_cache()
     history = ref.new_history()
     trace = Trace(tokens=[])

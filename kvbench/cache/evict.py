@@ -117,7 +117,7 @@ def trim_window(g, rows: torch.Tensor, keep: torch.Tensor, gather_layers: int) -
 
 
 def evict(g, rows: torch.Tensor, keep: torch.Tensor, policy: Policy, *, seen: torch.Tensor, qpos: torch.Tensor,
-          scale: float | None, inv_freq: torch.Tensor | None, gather_layers: int) -> torch.Tensor | None:
+          scale: float | None, inv_freq: torch.Tensor | None, gather_layers: int, observer=None) -> torch.Tensor | None:
     """Keep `keep` (B,) pairs of every (layer, head) of the rows (B,) bool of group `g`; counts updated. Under
     adaptive head budgets `keep` is each head's average and the heads' counts (L_g, B', H) are returned (CPU)."""
     n_rows, k_rows = g.n[rows], keep[rows]
@@ -143,7 +143,10 @@ def evict(g, rows: torch.Tensor, keep: torch.Tensor, policy: Policy, *, seen: to
             values=g.v[:, sel, :, :N] if policy.needs.values else None,
             queries=g.q[:, sel] if policy.needs.queries else None,
             query_pos=h["qpos"][None, :, None, :] if policy.needs.queries else None,
-            scale=scale,
+            scale=scale, rotary=None if observer is None else observer.rotary,
+            pair={k[4:]: x for k, x in t.items() if k.startswith("own:")} or None,
+            state={k: x[:, sel] for k, x in g.rows.items()} or None,
+            modules=None if observer is None else [observer.modules[layer] for layer in g.layers],
             own=None if getattr(g, "own", None) is None else g.own[:, sel, :, :N],  # a scoring pass's (engine.passes)
         )
         uneven = head_rule(policy).needs_score

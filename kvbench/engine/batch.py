@@ -6,12 +6,21 @@ from __future__ import annotations
 import torch
 
 from kvbench.batch_plan import BatchPlan, Room, prefill_chunks_of
+from kvbench.attention.interface import attention_modules
 from kvbench.budgets import Budgets
 from kvbench.cache import KVCache, layer_capacities
+from kvbench.cache.sink import Observing
 from kvbench.errors import ConfigError
 from kvbench.models import family
 from kvbench.models.geometry import rope_inv_freq
 from kvbench.policies.base import Policy
+
+
+def observer_kwargs(model, policy: Policy) -> dict:
+    """A policy's observe step (kvbench.policies.needs): the policy, each layer's attention module, the rotary embedding."""
+    if not policy.needs.observes:
+        return {}
+    return {"observer": Observing(policy, attention_modules(model), getattr(model.get_decoder(), "rotary_emb", None))}
 
 
 class Batch:
@@ -59,7 +68,7 @@ class Batch:
             query_window=policy.needs.queries,
             rope_inv_freq=rope_inv_freq(model) if policy.rerotate and policy.evicts else None,
             **{**geometry, "windows": windows},  # a window never cut: full attention, as budgeted
-            bands=bands,
+            bands=bands, **observer_kwargs(model, policy),
         )
         self.pad_id = pad_id
         # every forward and the evictions, trims and resizes before it (kvbench.batch_plan), on the cache's groups

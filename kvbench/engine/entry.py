@@ -94,7 +94,7 @@ def generate(
                               observer=observer, geometry=geometry, decode_steps=decode_steps,
                               question_tokens=question, attention=backend, score_chunk=score_chunk)
 
-    with kv_attention(model):
+    with kv_attention(model, hidden=policy.needs.hidden):
         if warmup:
             run(*batches[0])  # untimed, not counted
         for batch, question in batches:  # the accounts' replay is not part of wall_s

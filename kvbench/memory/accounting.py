@@ -77,7 +77,7 @@ from kvbench.cache.linear_state import attention_groups
 from kvbench.memory.passes import pass_bytes
 from kvbench.memory.shape import ModelShape
 from kvbench.memory.state import state_bytes
-from kvbench.memory.terms import cache_bytes, evict_bytes, forward_bytes, trim_bytes
+from kvbench.memory.terms import cache_bytes, evict_bytes, forward_bytes, observe_bytes, trim_bytes
 from kvbench.models.family import split_windows
 
 GiB = 2**30
@@ -176,7 +176,7 @@ def account(
                           manual=s.manual)
         transients = [  # the device's layers attend over their groups' keys; one mask per group lives on
             forward_bytes(s, B, T, max(keys[gi] for gi in mine), longest, scored, logits, score_chunk, dev == "cpu",
-                          backend, mask_keys=sum(keys[gi] for gi in mine))
+                          backend, mask_keys=sum(keys[gi] for gi in mine), observe=observe_bytes(s, B, T, policy))
             for T, keys, logits in forwards
         ]
         for kind, gi, N, rows, keep, cap in actions:

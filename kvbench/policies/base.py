@@ -61,6 +61,9 @@ class ScoreContext:
     scale:   the attention's softmax scale (the model's, usually D ** -0.5)
     own:     (L, B, H_kv, N) the running max of the policy's scoring passes' statistic (`pass_scores`), 0 for a
              pair no pass scored; when `needs.passes` (kvbench.engine.passes)
+    pair:    {name: (L, B, H_kv, N) float32} the policy's own per-pair statistics (`needs.pair_state`)
+    state:   {name: (L, B, *shape) float32} its own row state (`needs.row_state`), as `observe` left it
+    modules: the attention modules of the L layers; rotary: the model's rotary embedding (`needs.module`)
     """
 
     pos: torch.Tensor
@@ -75,6 +78,10 @@ class ScoreContext:
     query_pos: torch.Tensor | None = None
     scale: float | None = None
     own: torch.Tensor | None = None
+    pair: dict | None = None
+    state: dict | None = None
+    modules: list | None = None
+    rotary: object = None
 
 
 @dataclass
@@ -167,6 +174,16 @@ class Policy:
     def score(self, stats: ScoreContext) -> torch.Tensor:
         """Higher = keep. Shape (L, B, H_kv, N) like the stats."""
         raise NotImplementedError(f"policy {self.name} does not score pairs")
+
+    def observe(self, obs) -> dict | None:
+        """At every forward, each layer (when `needs.observes`): update `obs.state` in place and/or return the
+        new pairs' `needs.pair_state` statistics {name: (B, H_kv, T)} (kvbench.policies.needs.Observation)."""
+        return None
+
+    def observe_bytes(self, *, rows: int, tokens: int, q_heads: int, kv_heads: int, head_dim: int, hidden: int,
+                      elem: int) -> int:
+        """Transient bytes `observe` allocates over one layer of a (rows, tokens) forward (kvbench.memory's account)."""
+        return 0
 
     def score_bytes(self, *, layers: int, rows: int, kv_heads: int, q_heads: int, pairs: int, head_dim: int,
                     elem: int) -> int:

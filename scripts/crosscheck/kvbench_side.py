@@ -30,9 +30,11 @@ from kvbench.policies import (  # noqa: E402
     TOVA,
     BatchMax,
     ChunkKV,
+    ExpectedAttention,
     Full,
     KeyDiff,
     Knorm,
+    KVzap,
     KVzip,
     LagKV,
     PyramidKV,
@@ -71,7 +73,14 @@ COUNTERPARTS = {
     "adakv": [("snapkv head_budget=adaptive", lambda r: SnapKV(compression_ratio=r, schedule=AP,
                                                                head_budget="adaptive", head_floor=0.2), None)],
     "kvzip": [("kvzip", lambda r: KVzip(compression_ratio=r), None)],
+    "expected_attention": [("expected_attention", lambda r: ExpectedAttention(compression_ratio=r, schedule=AP), None)],
+    "adakv_expected_attention": [  # the leaderboard's row: AdaKVPress(ExpectedAttentionPress(epsilon=1e-2))
+        ("expected_attention head_budget=adaptive epsilon=0.01", lambda r: ExpectedAttention(
+            compression_ratio=r, schedule=AP, head_budget="adaptive", head_floor=0.2, epsilon=1e-2), None)],
+    "kvzap_mlp_head": [("kvzap", lambda r: KVzap(compression_ratio=r, schedule=AP, scorer=str(WORK["dir"] / "kvzap-mlp")),
+                        None)],  # the random MLP scorer both sides load from the work folder (kvpress's Hub layout)
 }
+WORK: dict = {}  # the work folder, for counterparts that read from it (run() sets it)
 # `CROSSCHECK_PRESSES=adakv CROSSCHECK_RATIOS=0.5`: run only those presses and ratios (both sides read them)
 ONLY = [p for p in os.environ.get("CROSSCHECK_PRESSES", "").split(",") if p]
 ONLY_RATIOS = [float(r) for r in os.environ.get("CROSSCHECK_RATIOS", "").split(",") if r]
@@ -106,6 +115,7 @@ def prompts(work: Path, data_dir: str) -> None:
 
 def run(work: Path) -> None:
     spec = json.loads((work / "ids.json").read_text())
+    WORK["dir"] = work
     torch.set_num_threads(1)
     lm = load()
     out = work / "kvbench"

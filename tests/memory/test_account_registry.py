@@ -27,9 +27,11 @@ LENGTHS = (90, 70, 40)
 
 
 def tensor_bytes(cache: KVCache) -> int:
-    """Bytes of the per-slot tensors (4 or 5 dimensions) every group of `cache` holds, from their storages."""
+    """Bytes of the per-slot tensors (4 or 5 dimensions) every group of `cache` holds, from their storages, and of a
+    policy's own state (`needs.pair_state`, `needs.row_state`: the groups' `own` and `rows`)."""
     return sum(x.untyped_storage().nbytes() for g in cache.groups for x in vars(g).values()
-               if isinstance(x, torch.Tensor) and x.dim() >= 4 and x.device.type == "cpu")
+               if isinstance(x, torch.Tensor) and x.dim() >= 4 and x.device.type == "cpu") + sum(
+        x.untyped_storage().nbytes() for g in cache.groups for x in [*g.own.values(), *g.rows.values()])
 
 
 @pytest.mark.parametrize("name", sorted(registry()))
@@ -46,7 +48,7 @@ def test_account_charges_the_cache_measured_at_every_forward(name, tiny_llama):
 
     hook = model.get_decoder().register_forward_pre_hook(measure, with_kwargs=True)  # every forward, chunks too
     try:
-        with kv_attention(model), AllocatedBytes() as measured:
+        with kv_attention(model, hidden=policy.needs.hidden), AllocatedBytes() as measured:
             generate_batch(model, random_prompts(LENGTHS, seed=3), policy, max_new_tokens=6)
     finally:
         hook.remove()
@@ -78,13 +80,15 @@ def test_serve_pool_and_query_windows_are_what_the_declaration_charges(name, tin
     D = cfg.hidden_size // cfg.num_attention_heads
     blocks = PagedPool.block_bytes(num_layers=cfg.num_hidden_layers, block_size=2, num_kv_heads=cfg.num_key_value_heads,
                                    head_dim=D, dtype=model.dtype, track_attention=policy.needs.attention,
-                                   rerotate=policy.rerotate and policy.evicts)
+                                   rerotate=policy.rerotate and policy.evicts,
+                                   own=len(policy.needs.pair_state) if policy.needs.observes else 0)
     window = cfg.num_hidden_layers * cfg.num_attention_heads * policy.needs.queries * D * model.dtype.itemsize
     seen = []
 
     def measure(module, args, kwargs):
         (pool,) = made
-        pool_bytes = sum(x.untyped_storage().nbytes() for x in vars(pool).values() if isinstance(x, torch.Tensor))
+        pool_bytes = sum(x.untyped_storage().nbytes() for x in [*vars(pool).values(), *pool.own.values()]
+                         if isinstance(x, torch.Tensor))
         held = sum(q.untyped_storage().nbytes() for w in wins for q in w.q.values())
         seen.append((pool_bytes, held, sum(len(w.q) for w in wins)))
 
