@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.batch_plan import BatchPlan, Room, prefill_chunks_of
 from kvbench.attention.interface import attention_modules
+from kvbench.batch_plan import BatchPlan, Room, prefill_chunks_of
 from kvbench.budgets import Budgets
 from kvbench.cache import KVCache, layer_capacities
 from kvbench.cache.sink import Observing
