@@ -147,7 +147,7 @@ def evict(g, rows: torch.Tensor, keep: torch.Tensor, policy: Policy, *, seen: to
             pair={k[4:]: x for k, x in t.items() if k.startswith("own:")} or None,
             state={k: x[:, sel] for k, x in g.rows.items()} or None,
             modules=None if observer is None else [observer.modules[layer] for layer in g.layers],
-            own=None if getattr(g, "own", None) is None else g.own[:, sel, :, :N],  # a scoring pass's (engine.passes)
+            passed=None if getattr(g, "passed", None) is None else g.passed[:, sel, :, :N],  # a scoring pass's (engine.passes)
         )
         uneven = head_rule(policy).needs_score
         ranked = rank(policy.score(stats), t["pos"], last, h["n"], policy.protect_first, h["recent"])
@@ -161,7 +161,7 @@ def evict(g, rows: torch.Tensor, keep: torch.Tensor, policy: Policy, *, seen: to
             kept = select(ranked, t["pos"], last, h["n"], h["keep"], 0, h["recent"], most=int(k_rows.max()),
                           ragged=bool((k_rows != k_rows.max()).any()), ranked=True)
         del ranked
-        g.own = None  # a scoring pass's statistic serves one compression
+        g.passed = None  # a scoring pass's statistic serves one compression
         gather(g, sel, kept, t, N, gather_layers, inv_freq)
         if h["shift"] is not None:  # kept queries follow the newest pairs
             rotate.queries_follow(g, sel, h["shift"][None, :, None, None], inv_freq)

@@ -9,7 +9,7 @@ to every pair the cache holds and to the pass's own earlier pairs (the model's f
 layers see what the model computes); the pass's own K/V are the layer's transient, never written to the cache
 (kvpress writes them to the cache and truncates after: the same keys, less memory). At each layer the policy's
 `pass_scores(PassContext)` gives a (B, H_kv, N) statistic per held pair; the engine keeps its running max over
-passes per (layer, row, head, pair), handed to the eviction as `ScoreContext.own` (then dropped).
+passes per (layer, row, head, pair), handed to the eviction as `ScoreContext.passed` (then dropped).
 Timed as the "score_pass" section (the record's `score_pass_s`, inside `prefill_s`).
 """
 
@@ -90,7 +90,7 @@ class PassStep:
 
 def run_passes(batch, policy, forward) -> None:
     """Run the policy's scoring passes over each row's context (what the cache has seen of its prompt) and leave
-    the running statistic on each group of layers (`Group.own`, (L_g, B, H_kv, N)) for the next eviction."""
+    the running statistic on each group of layers (`Group.passed`, (L_g, B, H_kv, N)) for the next eviction."""
     cache = batch.cache
     seen = cache.seen.tolist()
     per_row = [policy.scoring_passes(batch.prompts[b, :s].tolist()) for b, s in enumerate(seen)]
@@ -108,7 +108,7 @@ def run_passes(batch, policy, forward) -> None:
     for g in cache.groups:
         if g.sliding is None and g.layers and g.layers[0] in state:
             N = max(state[la].shape[-1] for la in g.layers)
-            g.own = torch.stack([F.pad(state[la], (0, N - state[la].shape[-1])) for la in g.layers])
+            g.passed = torch.stack([F.pad(state[la], (0, N - state[la].shape[-1])) for la in g.layers])
 
 
 def one_pass(forward, cache, policy, state: dict, rows: list, seen: list[int], pad_id: int) -> None:

@@ -59,7 +59,7 @@ class ScoreContext:
              first, whatever forwards they came from; when `needs.queries` > 0
     query_pos: (1, B, 1, W) their source positions, -1 for an empty entry (fewer than W processed)
     scale:   the attention's softmax scale (the model's, usually D ** -0.5)
-    own:     (L, B, H_kv, N) the running max of the policy's scoring passes' statistic (`pass_scores`), 0 for a
+    passed:  (L, B, H_kv, N) the running max of the policy's scoring passes' statistic (`pass_scores`), 0 for a
              pair no pass scored; when `needs.passes` (kvbench.engine.passes)
     pair:    {name: (L, B, H_kv, N) float32} the policy's own per-pair statistics (`needs.pair_state`)
     state:   {name: (L, B, *shape) float32} its own row state (`needs.row_state`), as `observe` left it
@@ -77,7 +77,7 @@ class ScoreContext:
     queries: torch.Tensor | None = None
     query_pos: torch.Tensor | None = None
     scale: float | None = None
-    own: torch.Tensor | None = None
+    passed: torch.Tensor | None = None
     pair: dict | None = None
     state: dict | None = None
     modules: list | None = None
@@ -168,7 +168,7 @@ class Policy:
 
     def pass_scores(self, ctx) -> torch.Tensor:
         """`needs.passes`: (B, H_kv, N) statistic of each held pair at one layer of one pass
-        (kvbench.engine.passes.PassContext); the engine keeps its max over passes (`ScoreContext.own`)."""
+        (kvbench.engine.passes.PassContext); the engine keeps its max over passes (`ScoreContext.passed`)."""
         raise NotImplementedError(f"policy {self.name} runs no scoring pass")
 
     def score(self, stats: ScoreContext) -> torch.Tensor:

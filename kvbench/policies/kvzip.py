@@ -101,4 +101,4 @@ class KVzip(Policy):
         return w
 
     def score(self, ctx: ScoreContext) -> torch.Tensor:
-        return ctx.own.float().masked_fill(ctx.pos < self.n_sink, float("inf"))  # (L, B, H, N) the sinks kept
+        return ctx.passed.float().masked_fill(ctx.pos < self.n_sink, float("inf"))  # (L, B, H, N) the sinks kept

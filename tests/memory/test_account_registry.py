@@ -18,6 +18,7 @@ from kvbench import memory
 from kvbench.attention import kv_attention
 from kvbench.cache import KVCache
 from kvbench.engine import generate_batch
+from kvbench.engine import loop as engine_loop
 from kvbench.policies import registry
 from tests.conftest import random_prompts
 from tests.memory.test_account import AllocatedBytes
@@ -35,16 +36,28 @@ def tensor_bytes(cache: KVCache) -> int:
 
 
 @pytest.mark.parametrize("name", sorted(registry()))
-def test_account_charges_the_cache_measured_at_every_forward(name, tiny_llama):
+def test_account_charges_the_cache_measured_at_every_forward(name, tiny_llama, monkeypatch):
     policy = _at_test_size(name)
     policy.prepare(tiny_llama.tokenizer)  # as kvbench.engine.generate does
     model = tiny_llama.model
     acc = memory.account(model, list(LENGTHS), policy, max_new_tokens=6).devices["cpu"]
     before = {id(c) for c in KVCache.live()}
-    seen = []
+    seen, in_pass, during_passes = [], [False], []
 
     def measure(module, args, kwargs):
-        seen.append(sum(tensor_bytes(c) for c in KVCache.live() if id(c) not in before))
+        held = sum(tensor_bytes(c) for c in KVCache.live() if id(c) not in before)
+        (during_passes if in_pass[0] else seen).append(held)  # a scoring pass writes nothing to the cache
+
+    real_passes = engine_loop.run_passes
+
+    def run_passes(*a, **k):
+        in_pass[0] = True
+        try:
+            return real_passes(*a, **k)
+        finally:
+            in_pass[0] = False
+
+    monkeypatch.setattr(engine_loop, "run_passes", run_passes)
 
     hook = model.get_decoder().register_forward_pre_hook(measure, with_kwargs=True)  # every forward, chunks too
     try:
@@ -54,6 +67,7 @@ def test_account_charges_the_cache_measured_at_every_forward(name, tiny_llama):
         hook.remove()
     assert len(seen) >= 6 and seen == list(acc.kv_steps), (seen, acc.kv_steps)  # forward by forward
     assert max(seen) == acc.kv_cache, (seen, acc.kv_cache)
+    assert (len(during_passes) > 0) == policy.needs.passes and all(b == max(seen) for b in during_passes)
     accounted = acc.kv_cache + acc.transient
     assert 0.99 * measured.peak <= accounted <= 1.15 * measured.peak, (accounted, measured.peak)
 
