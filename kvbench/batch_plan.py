@@ -91,14 +91,14 @@ class BatchPlan:
         B = batch_size or len(chunks[0] if chunks else question)
         self.batch_size = B
         never = torch.iinfo(torch.long).max // 4
-        self.budget = torch.stack([torch.full((B,), never, dtype=torch.long) if r.budget is None
+        self.budget = torch.stack([torch.full((B,), never, dtype=torch.long, device="cpu") if r.budget is None
                                    else r.budget.to(torch.long).cpu() for r in self.rooms]) if rooms else None  # (G, B)
 
     def __iter__(self) -> Iterator[Step]:
         p, B = self.policy, self.batch_size
         G = len(self.rooms)
-        self.load = torch.zeros(G, B, dtype=torch.long)  # (G, B) pairs per head on average
-        self.most = torch.zeros(G, B, dtype=torch.long)  # (G, B) the most one head holds (bound)
+        self.load = torch.zeros(G, B, dtype=torch.long, device="cpu")  # (G, B) pairs per head on average
+        self.most = torch.zeros(G, B, dtype=torch.long, device="cpu")  # (G, B) the most one head holds (bound)
         self.caps = [r.capacity for r in self.rooms]
         agnostic = self.question is not None
         last = len(self.chunks) - 1
@@ -107,7 +107,7 @@ class BatchPlan:
         if agnostic:
             q = self.question
             yield self._step("question", q, True, self._trims(q) + self._compress(q), evicts=p.evicts)
-        ones = torch.ones(B, dtype=torch.long)
+        ones = torch.ones(B, dtype=torch.long, device="cpu")
         for i in range(1, self.max_new_tokens):
             yield self._step("decode", ones, True, self._before(ones, prefill=False, first=i == 1 and not agnostic))
 
@@ -130,7 +130,7 @@ class BatchPlan:
                 continue
             rows = (self.most[gi] + r > self.caps[gi]) & (r > 0)
             if bool(rows.any()):
-                keep = torch.full((self.batch_size,), room.window - 1, dtype=torch.long)
+                keep = torch.full((self.batch_size,), room.window - 1, dtype=torch.long, device="cpu")
                 out.append(Action(TRIM, gi, rows, keep, int(self.most[gi][rows].max()), room.window - 1))
                 self._set(gi, rows, keep, keep)
         return out

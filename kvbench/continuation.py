@@ -27,6 +27,7 @@ from kvbench.cache import KVCache
 from kvbench.cache.evict import trim_windows
 from kvbench.engine import Batch, pad_id
 from kvbench.engine.evictions import execute
+from kvbench.errors import ConfigError
 from kvbench.models.compat import cache_kwarg
 from kvbench.models.geometry import model_geometry
 from kvbench.policies.base import Policy
@@ -94,6 +95,8 @@ def continuation_logprobs(model, ids: Sequence[Sequence[int]], n_cont: Sequence[
     `n_cont` the continuation's length (>= 1, and the context >= 1 token)."""
     if any(n < 1 or len(x) - n < 1 for x, n in zip(ids, n_cont, strict=True)):
         raise ValueError("a request needs at least one context and one continuation token")
+    if policy.no_loglikelihood:
+        raise ConfigError("policy", f"{policy.name} does not run on log-likelihood requests: {policy.no_loglikelihood}")
     geometry = model_geometry(model)
     pad = pad_id(model, tokenizer) if tokenizer is not None else 0
     backend = resolve_backend(attention, model, policy.needs.attention, head_rule(policy).uneven)

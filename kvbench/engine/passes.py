@@ -115,18 +115,18 @@ def one_pass(forward, cache, policy, state: dict, rows: list, seen: list[int], p
     """One forward of the decoder over pass `rows` (a ScoringPass or None per row), left-padded."""
     T = max(len(p.ids) for p in rows if p is not None)
     B = len(rows)
-    ids = torch.full((B, T), pad_id, dtype=torch.long)
-    pos = torch.zeros((B, T), dtype=torch.long)
-    real = torch.zeros((B, T), dtype=torch.bool)
-    span = torch.zeros((2, B), dtype=torch.long)
+    ids = torch.full((B, T), pad_id, dtype=torch.long, device="cpu")  # built on the host (a meta default device too)
+    pos = torch.zeros((B, T), dtype=torch.long, device="cpu")
+    real = torch.zeros((B, T), dtype=torch.bool, device="cpu")
+    span = torch.zeros((2, B), dtype=torch.long, device="cpu")
     for b, p in enumerate(rows):
         if p is None:
             continue
         q = len(p.ids)
-        ids[b, T - q:] = torch.tensor(p.ids, dtype=torch.long)
-        pos[b, T - q:] = torch.arange(seen[b], seen[b] + q)
+        ids[b, T - q:] = torch.tensor(p.ids, dtype=torch.long, device="cpu")
+        pos[b, T - q:] = torch.arange(seen[b], seen[b] + q, device="cpu")
         real[b, T - q:] = True
-        span[:, b] = torch.tensor([p.start, p.end])
+        span[:, b] = torch.tensor([p.start, p.end], device="cpu")
     dev = forward.dev
     span, real = span.to(dev), real.to(dev)
     step = PassStep(cache, policy, state, span[0], span[1], real)

@@ -111,6 +111,7 @@ class Policy:
     # True: `score` is the position (newer = keep), so an eviction keeps the protect_first sinks and the
     # newest pairs; KVCache.evict slices them into place instead of scoring, sorting and gathering
     keeps_newest: ClassVar[bool] = False
+    no_loglikelihood: ClassVar[str | None] = None  # why lm-eval's log-likelihood path can't run it yet (continuation)
     # keys of the policy's config that play no part in what it runs (full: every budget and schedule key): in a
     # sweep they are reset to the policy's own defaults and named in the record's `ignored_keys` (kvbench.config)
     inert_keys: ClassVar[tuple[str, ...]] = ()
@@ -149,26 +150,22 @@ class Policy:
 
     # ----------------------------------------------------------------- scoring
     def prepare(self, tokenizer) -> None:
-        """Derive what the policy needs from the run's tokenizer, once per run, before any batch (e.g. KVzip's
-        chat-template ids); `kvbench.engine.generate` calls it. Nothing by default."""
+        """Ids derived from the run's tokenizer once per run (KVzip's template); `kvbench.engine.generate` calls it."""
 
     def scoring_passes(self, context: list[int]) -> list:
-        """`needs.passes`: the passes over one row's context ids (`kvbench.artifacts.kvzip_template.ReplayPass`:
-        the ids fed, the context positions [start, end) scored), run at the compression point."""
+        """`needs.passes`: the passes over one row's context ids (ReplayPass: ids fed, positions [start, end))."""
         return []
 
     def pass_width(self, length: int) -> int:
         """`needs.passes`: the most tokens one pass over a context of `length` ids feeds (the memory account's)."""
         return 0
 
-    def pass_bytes(self, *, rows: int, kv_heads: int, q_heads: int, tokens: int, pairs: int, head_dim: int,
-                   elem: int) -> int:
+    def pass_bytes(self, **shape: int) -> int:  # rows, kv_heads, q_heads, tokens, pairs, head_dim, elem
         """`needs.passes`: transient bytes `pass_scores` allocates at one layer (kvbench.memory.passes)."""
         return 0
 
     def pass_scores(self, ctx) -> torch.Tensor:
-        """`needs.passes`: (B, H_kv, N) statistic of each held pair at one layer of one pass
-        (kvbench.engine.passes.PassContext); the engine keeps its max over passes (`ScoreContext.passed`)."""
+        """`needs.passes`: (B, H_kv, N) statistic per held pair at one layer of one pass; max kept (ctx.passed)."""
         raise NotImplementedError(f"policy {self.name} runs no scoring pass")
 
     def score(self, stats: ScoreContext) -> torch.Tensor:
@@ -176,12 +173,10 @@ class Policy:
         raise NotImplementedError(f"policy {self.name} does not score pairs")
 
     def observe(self, obs) -> dict | None:
-        """At every forward, each layer (when `needs.observes`): update `obs.state` in place and/or return the
-        new pairs' `needs.pair_state` statistics {name: (B, H_kv, T)} (kvbench.policies.needs.Observation)."""
+        """Each forward and layer (`needs.observes`): update obs.state and/or return {pair_state: (B, H_kv, T)}."""
         return None
 
-    def observe_bytes(self, *, rows: int, tokens: int, q_heads: int, kv_heads: int, head_dim: int, hidden: int,
-                      elem: int) -> int:
+    def observe_bytes(self, **shape: int) -> int:  # rows, tokens, q_heads, kv_heads, head_dim, hidden, elem
         """Transient bytes `observe` allocates over one layer of a (rows, tokens) forward (kvbench.memory's account)."""
         return 0
 

@@ -37,6 +37,7 @@ class ChunkKV(Policy):
     chunk_length: int = 20
     inner_args: dict = field(default_factory=dict)  # the inner policy's own knobs (its defaults otherwise)
     name: ClassVar[str] = "chunkkv"
+    no_loglikelihood: ClassVar[str | None] = "its whole-chunk budget is not applied by the log-likelihood path's compression yet"
     label: ClassVar[str] = "ChunkKV"
     summary: ClassVar[str] = "whole chunks of `chunk_length` pairs, by the mean of the inner policy's score"
     paper: ClassVar[tuple[str, str]] = ("Liu et al., 2025", "https://arxiv.org/abs/2502.00299")

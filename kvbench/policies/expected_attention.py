@@ -39,6 +39,7 @@ class ExpectedAttention(Policy):
     use_vnorm: bool = True
     epsilon: float = 0.0
     name: ClassVar[str] = "expected_attention"
+    no_loglikelihood: ClassVar[str | None] = "its observe step (query statistics) runs in generation only"
     label: ClassVar[str] = "ExpectedAttention"
     summary: ClassVar[str] = "expected attention of future queries (query mean/covariance, averaged RoPE) x value norm"
     paper: ClassVar[tuple[str, str]] = ("Devoto et al., 2025", "https://arxiv.org/abs/2510.00636")

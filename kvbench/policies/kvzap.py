@@ -45,6 +45,7 @@ class KVzap(Policy):
     model_type: str = "mlp"  # mlp | linear
     scorer: str | None = None  # local folder or Hub id; None: nvidia/KVzap-<model_type>-<model>; "tiny": random
     name: ClassVar[str] = "kvzap"
+    no_loglikelihood: ClassVar[str | None] = "its observe step (scores at arrival) runs in generation only"
     label: ClassVar[str] = "KVzap"
     summary: ClassVar[str] = "a learned per-layer scorer of each pair's hidden state, scored once at arrival"
     paper: ClassVar[tuple[str, str]] = ("Jegou et al., 2026", "https://arxiv.org/abs/2601.07891")

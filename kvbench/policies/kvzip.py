@@ -31,6 +31,7 @@ class KVzip(Policy):
     n_sink: int = 4
     chunk_size: int = 2048
     name: ClassVar[str] = "kvzip"
+    no_loglikelihood: ClassVar[str | None] = "its scoring passes run in generation only"
     label: ClassVar[str] = "KVzip"
     summary: ClassVar[str] = "largest attention a pair receives while the model repeats the context"
     paper: ClassVar[tuple[str, str]] = ("Kim et al., NeurIPS 2025", "https://arxiv.org/abs/2505.23416")
