@@ -100,12 +100,13 @@ def own_keys(name: str) -> tuple[str, ...]:
 NOT_USED = {"full": COMMON_KEYS,  # it never evicts
             "extreme_decode": ("kv_ratio", "compression_ratio", "evict_every", "schedule")}  # Algorithm 2 fixes them
 # sweeps over the policies with keys some use and some do not (values away from every policy's default); each
-# leaves out the policies that refuse one of its values (pyramidkv: rerotate; extreme_decode: protection > 1 pair)
+# leaves out the policies that refuse one of its values (pyramidkv, kvzip: rerotate; extreme_decode: protection > 1)
 SWEEPS = {
     "budget-knobs": (POLICIES, {"kv_size": 48, "evict_every": 8, "schedule": "after_prefill", "window": 16, "kernel": 3,
                                 "pooling": "max", "pool_window": True, "beta": 2, "budget_rule": "window_plus",
                                 "seed": 1, "per_kv_head": True}),
-    "kv_ratio-rerotate": (tuple(p for p in POLICIES if p != "pyramidkv"), {"kv_ratio": KV_RATIO, "rerotate": True}),
+    "kv_ratio-rerotate": (tuple(p for p in POLICIES if p not in ("pyramidkv", "kvzip", "kvzip_plus")),
+                          {"kv_ratio": KV_RATIO, "rerotate": True}),  # kvzip: global head budgets, no shared rotary
     "compression-protect": (tuple(p for p in POLICIES if p != "extreme_decode"),
                             {"compression_ratio": COMPRESSION_RATIO, "protect_first": 2, "protect_recent": 2}),
 }

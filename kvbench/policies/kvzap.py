@@ -22,12 +22,13 @@ import torch
 from kvbench.artifacts.kvzap_scorer import hub_id, load_scorer, tiny_scorer
 from kvbench.policies.base import AFTER_PREFILL, Needs, Policy, ScoreContext
 
-_LOADED: dict = {}  # (source, model) -> scorer, loaded once per process
+_LOADED: dict = {}  # (source, model, its shape) -> scorer, loaded once per process
 
 
 def scorer_for(source: str | None, model_type: str, config):
     """The scorer for a model `config` (the attention module's): loaded once."""
-    key = (source, model_type, getattr(config, "name_or_path", ""), config.hidden_size, config.num_hidden_layers)
+    key = (source, model_type, getattr(config, "name_or_path", ""), config.hidden_size, config.num_hidden_layers,
+           getattr(config, "num_key_value_heads", None) or config.num_attention_heads)  # the scorer outputs H_kv
     if key not in _LOADED:
         if source == "tiny" or (source is None and not getattr(config, "name_or_path", "")):  # a nameless model
             # (kvbench's tiny random models): no scorer is published for it, a random one
