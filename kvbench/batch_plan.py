@@ -116,10 +116,10 @@ class BatchPlan:
         caps = tuple(self.caps)  # a resize before the forward is in force during it
         self.load += r
         self.most += r
-        keys = tuple(self.most.max(dim=1).values.tolist()) if len(self.rooms) else ()
+        keys = tuple(max(row) for row in self.most.tolist())  # Python's max: no torch kernel per step (issue 42)
         if evicts is None:
             evicts = any(a.kind == EVICT for a in before)
-        return Step(kind, r, int(r.max()), logits, tuple(before), evicts, keys, caps)
+        return Step(kind, r, max(r.tolist()), logits, tuple(before), evicts, keys, caps)
 
     def _trims(self, r: torch.Tensor) -> list[Action]:
         """Windowed groups that could not hold r (B,) more tokens keep their newest W - 1 pairs (all a query of

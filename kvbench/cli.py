@@ -114,11 +114,12 @@ def compose_jobs(argv: list[str]) -> tuple[list[str], list[tuple[list[str], obje
     as the job's run will): each job is (its overrides, its config, the keys dropped); a `policy.<key>=...` that
     some job's policy has not got is forced in the returned command line (`++policy.<key>=...`), so that Hydra
     composes every job; a policy key no job's policy uses is refused (`check_knobs`)."""
-    from hydra import compose, initialize_config_dir
+    from hydra import initialize_config_dir
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from kvbench.config import CONF_DIR, drop_inapplicable
+    from kvbench.config.sweep_compose import compose_each
 
     overrides, multirun, config_name, _ = split_argv(argv)
     knobs = policy_knobs(overrides) if multirun else []
@@ -128,7 +129,7 @@ def compose_jobs(argv: list[str]) -> tuple[list[str], list[tuple[list[str], obje
     else:
         jobs = [overrides]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="kvbench"):
-        cfgs = [compose(config_name=config_name, overrides=list(job)) for job in jobs]
+        cfgs = compose_each(config_name, jobs, {p.name for p in CONF_DIR.iterdir() if p.is_dir()})
     forced = check_knobs(knobs, cfgs)
     return ([f"++{a}" if a in forced else a for a in argv],
             [(list(job), cfg, drop_inapplicable(cfg) if multirun else []) for job, cfg in zip(jobs, cfgs, strict=True)])

@@ -23,6 +23,8 @@ slots back once it has compressed).
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 
@@ -151,6 +153,7 @@ def form_groups(layer_devices, capacities: list[int], budgets: torch.Tensor | No
     return runs
 
 
+@lru_cache(maxsize=4096)  # the account asks the same shapes many times (a search, every forward)
 def nbytes_for(*, batch_size: int, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int,
                dtype: torch.dtype, track_attention: bool, num_q_heads: int | None = None, query_window: int = 0,
                rerotate: bool = False, window: int | None = None, own=None) -> int:

@@ -190,8 +190,9 @@ def account(
                                                      else trim_bytes(s, L, rows, keep)))
         transients.append(pass_bytes(s, policy, lengths, score_chunk, dev == "cpu", backend))  # scoring passes
         state = state_bytes(s, B, [layer_devices[i] for i in s.linear].count(dev))  # a hybrid's linear layers
-        kv = [sum(cache_bytes(s, B, len(groups[gi][1]), c[gi], policy, groups[gi][4]) for gi in mine) + state
-              for c in step_caps]  # the cache during each forward (a resize shrinks it)
+        held = {c: sum(cache_bytes(s, B, len(groups[gi][1]), c[gi], policy, groups[gi][4]) for gi in mine) + state
+                for c in set(step_caps)}  # the cache with these capacities (only a resize changes them)
+        kv = [held[c] for c in step_caps]  # the cache during each forward
         onload = s.onload.get(dev, 0)  # an offloaded layer's weights, brought here for its forward (accelerate)
         devices[dev] = Footprint(weights=s.weights.get(dev, 0), kv_cache=max(kv), transient=max(transients) + onload,
                                  kv_steps=tuple(kv))
