@@ -73,9 +73,11 @@ def prefill(batch: Batch, plan, policy: Policy, forward: Forward, observer) -> t
 
 
 def decode(batch: Batch, plan, policy: Policy, forward: Forward, observer, first: torch.Tensor, n_tokens: int,
-           eos: torch.Tensor, pad_token_id: int, ignore_eos: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+           eos: torch.Tensor, pad_token_id: int, ignore_eos: bool,
+           held: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Decode up to `n_tokens` tokens from `first` (B,), each step after the actions the plan puts before it;
-    returns (tokens (B, steps) on the CPU, alive mask or None)."""
+    returns (tokens (B, steps) on the CPU, alive mask or None). `held`: gets the cache's allocated bytes during
+    each decode step (after a resize the plan put before it; tensor sizes, no device sync)."""
     dev, B = forward.dev, len(batch.lengths)
     done = torch.zeros(B, dtype=torch.bool, device=dev)
     next_tok, steps = first, [first]
@@ -87,6 +89,8 @@ def decode(batch: Batch, plan, policy: Policy, forward: Forward, observer, first
                 break
         step = next(plan)
         execute(batch.cache, step, policy, observer)
+        if held is not None:
+            held.append(batch.cache.allocated_bytes())
         nxt = forward(next_tok[:, None], step.tokens, logits=True).argmax(-1).to(dev)  # the logits die here
         if not ignore_eos:
             nxt = torch.where(done, torch.full_like(nxt, pad_token_id), nxt)
@@ -134,7 +138,9 @@ def run_batch(batch: Batch, policy: Policy, forward: Forward, max_new_tokens, eo
     sync(dev)
     t1 = time.perf_counter()
     n_tokens = max_new_tokens if decode_steps is None else min(max_new_tokens, 1 + decode_steps)
-    tokens, alive = decode(batch, plan, policy, forward, observer, first, n_tokens, eos, pad_token_id, ignore_eos)
+    held: list[int] = []  # the cache's allocated bytes during each decode step
+    tokens, alive = decode(batch, plan, policy, forward, observer, first, n_tokens, eos, pad_token_id, ignore_eos,
+                           held)
     sync(dev)
     t2 = time.perf_counter()
     tokens = tokens.cpu()  # (B, steps)
@@ -149,6 +155,6 @@ def run_batch(batch: Batch, policy: Policy, forward: Forward, max_new_tokens, eo
         prefill_s=t1 - t0, decode_s=t2 - t1, evict_s=sections.get("evict", 0.0),
         attn_stats_s=sections.get("attn_stats", 0.0), score_pass_s=sections.get("score_pass", 0.0),
         generated_tokens=generated,
-        peak_kv_bytes=cache.peak_kv_bytes, kv_allocated_bytes=allocated,
+        peak_kv_bytes=cache.peak_kv_bytes, kv_allocated_bytes=allocated, decode_kv_bytes=held,
         budgets=batch.full_budgets,  # (L_full, B) the budgets the compressed layers held, None for the full cache
     )

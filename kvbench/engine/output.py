@@ -22,6 +22,9 @@ class GenerationOutput:
     generated_tokens: int = 0  # tokens the batches produced (finished samples' pad steps excluded)
     peak_kv_bytes: int = 0  # most KV bytes held at once (kept pairs)
     kv_allocated_bytes: int = 0  # largest cache allocation (slots, positions, statistics)
+    decode_kv_bytes_sum: int = 0  # the cache's allocation summed over decode steps (every batch's)
+    decode_kv_bytes_peak: int = 0  # its largest during a decode step
+    decode_steps: int = 0
     accounted: memory.Account | None = None  # the largest accounted peak of a batch
     batches: int = 0
     prompt_tokens: list[int] = field(default_factory=list)
@@ -49,8 +52,17 @@ class GenerationOutput:
         self.generated_tokens += stats["generated_tokens"]
         self.peak_kv_bytes = max(self.peak_kv_bytes, stats["peak_kv_bytes"])
         self.kv_allocated_bytes = max(self.kv_allocated_bytes, stats["kv_allocated_bytes"])
+        held = stats.get("decode_kv_bytes", [])
+        self.decode_kv_bytes_sum += sum(held)
+        self.decode_kv_bytes_peak = max([self.decode_kv_bytes_peak, *held])
+        self.decode_steps += len(held)
         self.note_budgets(stats["budgets"])
         self.batches += 1
+
+    @property
+    def decode_kv_bytes_mean(self) -> int | None:
+        """The cache's allocated bytes during a decode step, on average over every batch's decode steps."""
+        return self.decode_kv_bytes_sum // self.decode_steps if self.decode_steps else None
 
     @property
     def throughput_tok_s(self) -> float:

@@ -74,6 +74,8 @@ def execute(
         score_pass_s=out.score_pass_s,
         generated_tokens=out.generated_tokens,
         peak_kv_bytes=out.peak_kv_bytes,
+        decode_kv_bytes_mean=out.decode_kv_bytes_mean,
+        decode_kv_bytes_peak=out.decode_kv_bytes_peak if out.decode_steps else None,
         kv_budget=None if out.budget_min is None else {
             "by": policy.per_prompt or "kv_size",
             "min": out.budget_min, "max": out.budget_max, "per_layer": out.budget_per_layer},

@@ -48,6 +48,15 @@ class ServeOutput:
     peak_pages: int = 0  # the most pages in use at once (a page: block_size slots of one layer and KV head)
     pages_per_block: int = 1  # layers x KV heads
     per_head: bool = False  # each (layer, KV head) evicts its own blocks (kvbench.serve.block_evict's head scope)
+    decode_pages: list[int] = field(default_factory=list)  # pages in use during each step that decodes a token
+
+    @property
+    def decode_kv_bytes(self) -> tuple[int | None, int | None]:
+        """(mean, largest) bytes of the pool's pages in use (K, V, positions, statistics) during decode steps."""
+        if not self.decode_pages:
+            return None, None
+        page = self.block_bytes / self.pages_per_block
+        return int(sum(self.decode_pages) * page / len(self.decode_pages)), int(max(self.decode_pages) * page)
 
     @property
     def peak_kv_bytes(self) -> int:
@@ -114,6 +123,7 @@ def serve(
             for r in plan.preempted:
                 runner.forget(r)
             used, running = bm.num_used, len(sched.running)  # during this step, before finished requests leave
+            decodes = any(not s.req.in_prefill for s in plan.scheduled)  # some request generates past its prompt
             if not plan.scheduled:
                 if plan.preempted:
                     continue
@@ -145,6 +155,8 @@ def serve(
                         if progress is not None:
                             progress.update(1)
             out.peak_pages = max(out.peak_pages, used)
+            if decodes:
+                out.decode_pages.append(used)
             out.timeline.append((clock, _blocks(used, bm.pages_per_block), running, len(sched.waiting)))
     out.wall_s = clock
     out.preemptions, out.recomputed_tokens = sched.preemptions, sched.recomputed_tokens

@@ -100,6 +100,8 @@ def execute(cfg: DictConfig, record: dict, lm, policy, task, samples, ids, memor
         prefill_s=None,
         generated_tokens=summary["output_tokens"],
         peak_kv_bytes=out.peak_kv_bytes,
+        decode_kv_bytes_mean=out.decode_kv_bytes[0],
+        decode_kv_bytes_peak=out.decode_kv_bytes[1],
         serve=summary,
     )
     record["extensions"] = record.get("extensions", []) + extensions(cfg, policy)
