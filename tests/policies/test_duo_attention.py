@@ -133,3 +133,19 @@ def test_compression_ratio_is_the_head_share():
     assert (p.kv_size, p.compression_ratio, p.head_compression_ratio) == (None, 0.25, 0.25)
     ext = p.describe()["extensions"]
     assert any("read as head_compression_ratio" in e for e in ext) and not any("int(its prompt" in e for e in ext)
+
+
+def test_serve_frees_streaming_heads_pages_and_gives_the_static_tokens(tiny_llama):
+    """Serve mode: each (layer, KV head) owns its pages; after the compression a streaming head gives its pages back
+    (blocks evicted) and the tokens are the static engine's (half the heads streaming, a pool that never preempts)."""
+    from kvbench.serve.engine import serve
+    from tests.conftest import random_prompts
+    from tests.serve.test_engine import requests
+
+    policy = DuoAttention(head_compression_ratio=0.5)  # the nameless tiny llama: random scores, sink 4, recent 8
+    prompts = random_prompts((28, 24, 28, 14), seed=21)
+    want = generate(tiny_llama.model, tiny_llama.tokenizer, prompts, policy, 1, max_new_tokens=8,
+                    eos_token_ids=[]).token_ids
+    reqs = requests(prompts, 8)
+    out = serve(tiny_llama.model, reqs, policy, num_blocks=400, block_size=1, max_tokens_per_step=32)
+    assert out.evicted_blocks > 0 and [r.output for r in reqs] == want
