@@ -239,9 +239,9 @@ def violations(c: Combo) -> list[tuple[str, ...]]:
             out.append(("policy.head_budget", "policy.rerotate"))  # heads of different counts
         if c.serving and c.evicts:
             out.append(("mode",))  # no scoring pass in serve mode
-    if c.policy in HEAD_PATTERN:  # DuoAttention: its head pattern is the budget, cut once after prefill
-        if c.schedule != "after_prefill":
-            out.append(("policy.schedule",))
+    if c.policy in HEAD_PATTERN:  # DuoAttention: its head pattern is the budget
+        if c.serving and c.schedule != "after_prefill":
+            out.append(("policy.head_budget",))  # serve splits a request's heads once, when its prefill ends
         if c.head_budget == "adaptive":
             out.append(("policy.head_budget",))  # its heads keep what the pattern says
         if c.preset or c.budget != "compression_ratio":  # compression_ratio: read as the share of streaming heads

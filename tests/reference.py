@@ -355,15 +355,15 @@ def _tiny_kvzap(ref) -> tuple[dict, dict]:
 
 def _tiny_duo(p) -> dict:
     """DuoAttention's inputs kvbench gives the tiny llama (a model with no name): head scores drawn uniform in [0, 1)
-    from numpy's generator seeded 0, one per (layer, KV head), sink 4 and recent 8 unless the policy sets them."""
+    from numpy's generator seeded 0, one per (layer, KV head), sink 2 and recent 10 unless the policy sets them."""
     import numpy as np
 
     from tests.conftest import _tiny
 
     cfg = _tiny("llama").model.config
     scores = np.random.default_rng(0).random((cfg.num_hidden_layers, cfg.num_key_value_heads)).tolist()
-    return dict(head_scores=scores, sink=4 if p.sink_size is None else p.sink_size,
-                recent=8 if p.recent_size is None else p.recent_size)
+    return dict(head_scores=scores, sink=2 if p.sink_size is None else p.sink_size,
+                recent=10 if p.recent_size is None else p.recent_size)
 
 
 def _score(pr: Pair, rule: str, last: int) -> float:

@@ -4,14 +4,14 @@
 
 The policy's score says which head is which (kvbench.policies.duo_attention): every pair of a retrieval head and
 a streaming head's sinks are marked +inf (kept), its other pairs ranked by position (newer = keep). The rule's
-counts are then per head: its +inf pairs, and at least min(held, `policy.window`) (= sink_size + recent_size), so
-a retrieval head keeps all, a streaming head its sinks and its newest pairs up to the window. Pure: ranked scores in,
-counts out; vectorised over layers, samples and heads.
+counts are then per head: its +inf pairs, and at least min(held, keep), so a retrieval head keeps all, a
+streaming head its sinks and its newest pairs up to what the eviction keeps (`keep`: the window under
+after_prefill, window - evict_every under the other schedules, so a streaming head slides as tokens arrive).
+Pure: ranked scores in, counts out; vectorised over layers, samples and heads.
 
-What the engine needs (as AdaKV's rule): a score (`needs_score`), one choice when the prompt is compressed
-(`once_only`: schedule=after_prefill; the heads then grow by one pair per generated token, kvpress's protocol),
-heads holding different counts (`uneven`), and each head at most every pair its sample holds (`slots`: the cache
-holds the largest head's, a retrieval head's; serve mode frees a streaming head's pages).
+What the engine needs (as AdaKV's rule): a score (`needs_score`), heads holding different counts (`uneven`: each
+head's hole masked, kvbench.cache.heads), and each head at most every pair its sample holds (`slots`: the cache
+holds the largest head's, a retrieval head's; serve mode frees a streaming head's pages, after_prefill only).
 """
 
 from __future__ import annotations
@@ -27,18 +27,18 @@ INF = float("inf")
 TRANSIENT_BYTES = 2 + 8 + 8  # the two comparisons (bool), their counts (int64)
 
 
-def pattern_counts(ranked: torch.Tensor, window: int) -> torch.Tensor:
-    """(..., H) pairs each head keeps: its +inf pairs, at least min(its held pairs, window). `ranked` (..., H, N):
-    kept pairs +inf, empty slots -inf (as the cache's `select` ranks them)."""
+def pattern_counts(ranked: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """(L, B, H) pairs each head keeps: its +inf pairs, at least min(its held pairs, keep_b). `ranked` (L, B, H, N):
+    kept pairs +inf, empty slots and holes -inf (as the cache's `select` ranks them); keep (B,) on its device."""
     held = (ranked > -INF).sum(dim=-1)
     marked = (ranked == INF).sum(dim=-1)
-    return torch.maximum(marked, held.clamp(max=window))
+    return torch.maximum(marked, torch.minimum(held, keep.to(held.device)[None, :, None]))
 
 
 class PatternHeads(HeadRule):
     name: ClassVar[str] = "pattern"
     needs_score: ClassVar[bool] = True
-    once_only: ClassVar[bool] = True
+    once_only: ClassVar[bool] = False  # after_prefill: once; the other schedules: at every eviction
     uneven: ClassVar[bool] = True
     transient: ClassVar[int] = TRANSIENT_BYTES
 
@@ -46,9 +46,6 @@ class PatternHeads(HeadRule):
         hb = policy.head_budget
         if not hasattr(policy, "window"):
             raise ConfigError("policy.head_budget", f"{policy.name} has no head pattern (DuoAttention's)", hb)
-        if not policy.once:
-            raise ConfigError("policy.head_budget", "pattern head budgets cut the streaming heads once, when the "
-                              "prompt is compressed: use policy.schedule=after_prefill", hb)
         if policy.rerotate:
             raise ConfigError("policy.head_budget", "pattern head budgets give heads different counts; "
                               "policy.rerotate needs one count (rotary positions are shared)", hb)
@@ -59,7 +56,7 @@ class PatternHeads(HeadRule):
         return torch.full_like(pairs, big) if isinstance(pairs, torch.Tensor) else big
 
     def counts(self, policy, ranked: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        return pattern_counts(ranked, policy.window)
+        return pattern_counts(ranked, keep)
 
     def extensions(self, policy) -> list[str]:
         return ["head_budget=pattern: retrieval heads keep every pair, streaming heads their sinks and newest pairs "

@@ -11,11 +11,13 @@ models), or, for a model with no name (kvbench's tiny random ones), random score
 Resolved once per run by `prepare(tokenizer, model)` (calibrations cached per model), else at the first eviction
 from the attention modules' config (every source but a calibration).
 Windows: `sink_size`/`recent_size` when set, else the pattern's (published config.json), kvpress's 128/256 for
-on-the-fly scores, 4/8 for the random ones.
+on-the-fly scores, 2/10 for the random ones.
 
 Budget: the pattern (head rule `pattern`, layer rule `streaming`): `head_compression_ratio` is the knob;
-`compression_ratio` is read as it (the leaderboard's ratio), `kv_size` and `kv_ratio` are refused. Schedule: after_prefill, kvpress's
-protocol (streaming heads cut once after prefill, then every head grows during decoding).
+`compression_ratio` is read as it (the leaderboard's ratio), `kv_size` and `kv_ratio` are refused. Schedules:
+after_prefill, kvpress's protocol (streaming heads cut once after prefill, then every head grows while decoding);
+prefill_and_decode / decode_only, DuoAttention's own rule (a streaming head evicts `evict_every` pairs whenever it
+would exceed its window, retrieval heads never evict).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from kvbench.artifacts.duo_patterns import HeadPattern
 from kvbench.errors import ConfigError
 from kvbench.policies.base import AFTER_PREFILL, Needs, Policy, ScoreContext
 
-TINY_WINDOWS = (4, 8)  # a nameless (test) model's random pattern: sink_size, recent_size
+TINY_WINDOWS = (2, 10)  # a nameless (test) model's random pattern: sink_size, recent_size
 _CALIBRATED: dict = {}  # (file, samples, q_len, model) -> HeadPattern: one calibration per model and process
 
 
@@ -67,6 +69,7 @@ def head_pattern(policy, config, model=None, tokenizer=None) -> HeadPattern:
 @dataclass
 class DuoAttention(Policy):
     kv_size: int | None = None
+    evict_every: int = 8  # while running: a streaming head slides by this many pairs (the paper: 1)
     schedule: str = AFTER_PREFILL
     head_budget: str = "pattern"
     head_compression_ratio: float = 0.5  # the share of (layer, KV head) pairs that are streaming heads
@@ -80,15 +83,13 @@ class DuoAttention(Policy):
     label: ClassVar[str] = "DuoAttention"
     summary: ClassVar[str] = "retrieval heads keep every pair, streaming heads their sinks and newest pairs"
     paper: ClassVar[tuple[str, str]] = ("Xiao et al., ICLR 2025", "https://arxiv.org/abs/2410.10819")
-    published_schedule: ClassVar[str] = AFTER_PREFILL
+    published_schedule: ClassVar[str] = AFTER_PREFILL  # kvpress's protocol (the paper's: see `describe`)
+    published_evict_every: ClassVar[int] = 1  # the paper's streaming heads slide one pair per token
     layer_budget: ClassVar[str] = "streaming"
     needs: ClassVar[Needs] = Needs(module=True)  # the attention modules' config: the pattern's model
     no_loglikelihood: ClassVar[str | None] = "its head pattern is resolved in generation only"
 
     def validate(self) -> None:
-        if self.schedule != AFTER_PREFILL:
-            raise ConfigError("policy.schedule", f"{self.name} is kvpress's protocol here (streaming heads cut once "
-                              "after prefill): use after_prefill", self.schedule)
         if self.head_budget != "pattern":
             raise ConfigError("policy.head_budget", f"{self.name}'s heads keep what its pattern says: pattern",
                               self.head_budget)
@@ -112,6 +113,13 @@ class DuoAttention(Policy):
                               self.calibration)
         self._pattern: tuple | None = None  # (config key, retrieval (L, H) bool, sink, recent) once resolved
         super().validate()
+        self._check_window(*self._windows(None))
+
+    def _check_window(self, sink: int, recent: int) -> None:
+        """While running, a streaming head evicts evict_every pairs at once and keeps its sinks: both must fit."""
+        if not self.once and sink + recent - self.evict_every <= sink:
+            raise ConfigError("policy.evict_every", f"must be below recent_size={recent} (a streaming head keeps "
+                              f"sink + recent - evict_every pairs after an eviction)", self.evict_every)
 
     @property
     def evicts(self) -> bool:
@@ -133,6 +141,7 @@ class DuoAttention(Policy):
         if self._pattern is None or self._pattern[0] != key:
             p = head_pattern(self, config, model, tokenizer)
             retrieval, _, _ = duo_patterns.retrieval_heads(p, self.head_compression_ratio)
+            self._check_window(*self._windows(p))
             self._pattern = (key, retrieval, *self._windows(p))
         return self._pattern
 
@@ -156,6 +165,9 @@ class DuoAttention(Policy):
         if self.compression_ratio is not None:
             ext.append(f"compression_ratio={self.compression_ratio:g} is read as head_compression_ratio (the share of "
                        "streaming heads, as kvpress's leaderboard sets DuoAttention's ratio)")
+        slide = ("and grow while decoding (kvpress's protocol; the paper keeps them at sink + recent)" if self.once
+                 else "as tokens arrive, retrieval heads never evict (DuoAttention's own rule; kvpress: once, after "
+                 "prefill)")
         d["extensions"] = ext + [f"head scores: {src}", f"streaming heads keep {self.window} pairs (sink + recent) "
-                                 "and grow while decoding (kvpress's protocol; the paper keeps them at sink + recent)"]
+                                 + slide]
         return d

@@ -99,12 +99,11 @@ def test_a_nameless_model_gets_random_scores_and_small_windows():
     p = head_pattern(DuoAttention(), model.config)
     assert p.scores.shape == (T.CONFIG["num_hidden_layers"], T.CONFIG["num_key_value_heads"])
     assert np.array_equal(p.scores, np.random.default_rng(0).random(p.scores.shape))
-    assert (p.sink_size, p.recent_size) == (4, 8)
+    assert (p.sink_size, p.recent_size) == (2, 10)
 
 
 @pytest.mark.parametrize("kw,key", [
-    (dict(schedule="prefill_and_decode"), "policy.schedule"),
-    (dict(schedule="decode_only"), "policy.schedule"),
+    (dict(schedule="prefill_and_decode", evict_every=256), "policy.evict_every"),
     (dict(kv_ratio=0.5), "policy.kv_ratio"),
     (dict(kv_size=8), "policy.kv_size"),
     (dict(head_compression_ratio=1.5), "policy.head_compression_ratio"),
@@ -142,10 +141,68 @@ def test_serve_frees_streaming_heads_pages_and_gives_the_static_tokens(tiny_llam
     from tests.conftest import random_prompts
     from tests.serve.test_engine import requests
 
-    policy = DuoAttention(head_compression_ratio=0.5)  # the nameless tiny llama: random scores, sink 4, recent 8
+    policy = DuoAttention(head_compression_ratio=0.5)  # the nameless tiny llama: random scores, sink 2, recent 10
     prompts = random_prompts((28, 24, 28, 14), seed=21)
     want = generate(tiny_llama.model, tiny_llama.tokenizer, prompts, policy, 1, max_new_tokens=8,
                     eos_token_ids=[]).token_ids
     reqs = requests(prompts, 8)
     out = serve(tiny_llama.model, reqs, policy, num_blocks=400, block_size=1, max_tokens_per_step=32)
     assert out.evicted_blocks > 0 and [r.output for r in reqs] == want
+
+
+def sliding_reference(ref, prompt, new, streaming, sink, window, p, schedule):
+    """Brute force, from the method: retrieval heads hold every pair; every streaming head is Algorithm 1 with the
+    newest pairs kept (its `sink` first positions protected), budget `window`, `p` pairs at a time (decode_only: the
+    whole prompt first). Returns (tokens, final kept positions [layer][head])."""
+    cache = ref.new_cache()
+    heads = [(la, g) for la, row in enumerate(streaming) for g, s in enumerate(row) if s]
+
+    def evict(keep):
+        for la, g in heads:
+            pairs = cache[la][g]
+            sinks = [x for x in pairs if x.pos < sink]
+            cache[la][g] = sinks + [x for x in pairs if x.pos >= sink][len(pairs) - keep:]
+
+    size = lambda: len(cache[heads[0][0]][heads[0][1]]) if heads else 0  # noqa: E731
+    s, logits = len(prompt), None
+    t1 = min(s, window) if schedule == "prefill_and_decode" else s
+    for pos in range(t1):
+        logits = ref.step(prompt[pos], pos, cache)
+    while t1 < s:  # Algorithm 1's blocks of p
+        evict(size() - p)
+        t0, t1 = t1, min(s, t1 + p)
+        for pos in range(t0, t1):
+            logits = ref.step(prompt[pos], pos, cache)
+    tokens = [int(logits.argmax())]
+    for t in range(1, new):
+        if size() >= window:
+            evict(window - p)
+        tokens.append(int(ref.step(tokens[-1], s + t - 1, cache).argmax()))
+    return tokens, [[[x.pos for x in pairs] for pairs in layer] for layer in cache]
+
+
+@pytest.mark.parametrize("schedule", ["prefill_and_decode", "decode_only"])
+def test_streaming_heads_slide_while_running(tiny_llama, tmp_path, schedule):
+    """Under prefill_and_decode / decode_only a streaming head keeps its sinks and slides over its window as tokens
+    arrive; a retrieval head never evicts: tokens and final kept pairs of a left-padded batch, row by row."""
+    from tests.policies.test_scored import _ref_model
+
+    cfg = tiny_llama.model.config
+    scores = np.random.default_rng(5).random((cfg.num_hidden_layers, cfg.num_key_value_heads)).tolist()
+    policy = DuoAttention(patterns=pattern_folder(tmp_path, scores, 2, 9), head_compression_ratio=0.5,
+                          schedule=schedule, evict_every=3)
+    from tests.conftest import random_prompts
+
+    prompts = random_prompts((30, 11, 19), seed=3)
+    final = {}
+
+    def observer(event, cache):
+        final.update({b: [[[q for q in h if q >= 0] for h in cache.kept_positions(la, b).tolist()]
+                          for la in range(cache.num_layers)] for b in range(len(prompts))})
+
+    out = generate(tiny_llama.model, tiny_llama.tokenizer, prompts, policy, len(prompts), max_new_tokens=12,
+                   eos_token_ids=[], observer=observer)
+    streaming = S.duo_streaming(scores, 0.5)
+    for b, p in enumerate(prompts):
+        tokens, kept = sliding_reference(_ref_model("llama"), p, 12, streaming, 2, 11, 3, schedule)
+        assert out.token_ids[b] == tokens and final[b] == kept, b
