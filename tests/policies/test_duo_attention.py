@@ -206,3 +206,13 @@ def test_streaming_heads_slide_while_running(tiny_llama, tmp_path, schedule):
     for b, p in enumerate(prompts):
         tokens, kept = sliding_reference(_ref_model("llama"), p, 12, streaming, 2, 11, 3, schedule)
         assert out.token_ids[b] == tokens and final[b] == kept, b
+
+
+@pytest.mark.parametrize("schedule", ["prefill_and_decode", "decode_only"])
+def test_account_follows_the_cache_while_streaming_heads_slide(tiny_llama, monkeypatch, schedule):
+    """The memory account's cache at every forward is the allocation's, and its peak bounds the measured one, while
+    the streaming heads evict again and again (the registry's test runs the default, after_prefill)."""
+    from tests.memory import test_account_registry as account
+
+    monkeypatch.setattr(account, "_at_test_size", lambda name: DuoAttention(schedule=schedule, evict_every=4))
+    account.test_account_charges_the_cache_measured_at_every_forward("duo_attention", tiny_llama, monkeypatch)
