@@ -200,6 +200,7 @@ def write_mirror(root: Path) -> Path:
 
 # policies defined only as one compression of the whole prompt (docs/policies.md says why for each)
 AFTER_PREFILL_ONLY = ("lagkv", "chunkkv")
+HEAD_PATTERN = ("duo_attention",)  # a fixed per-(layer, KV head) budget: no kv_size / kv_ratio (docs/policies.md)
 
 
 def violations(c: Combo) -> list[tuple[str, ...]]:
@@ -238,6 +239,17 @@ def violations(c: Combo) -> list[tuple[str, ...]]:
             out.append(("policy.head_budget", "policy.rerotate"))  # heads of different counts
         if c.serving and c.evicts:
             out.append(("mode",))  # no scoring pass in serve mode
+    if c.policy in HEAD_PATTERN:  # DuoAttention: its head pattern is the budget
+        if c.serving and c.schedule != "after_prefill":
+            out.append(("policy.head_budget",))  # serve splits a request's heads once, when its prefill ends
+        if c.head_budget == "adaptive":
+            out.append(("policy.head_budget",))  # its heads keep what the pattern says
+        if c.preset or c.budget != "compression_ratio":  # compression_ratio: read as the share of streaming heads
+            out.append(("policy.kv_size", "policy.kv_ratio"))
+        if c.rerotate:
+            out.append(("policy.head_budget", "policy.rerotate"))  # heads of different counts
+        if c.mode == "serve_limits":
+            out.append(("policy.head_budget",))  # the pattern's heads are chosen from scores serve_limits never computes
     if c.head_budget == "adaptive":
         if c.policy in ("full", "window", "streaming_llm", "extreme_decode"):
             out.append(("policy.head_budget",))  # no score to split a layer's budget by (full: no budget)
@@ -264,7 +276,7 @@ def serve_budget_refusal(c: Combo) -> str | None:
     """Serving, an evicting policy under a schedule that evicts while it runs: the key its budget is refused with
     (tests/matrix_budgets.py, from the docs), or None."""
     keys = {**policy_config(c.policy), **c.knobs(), **(OPENVINO if c.preset and c.policy == "h2o" else {})}
-    if not c.evicts or keys["schedule"] == "after_prefill":
+    if not c.evicts or keys["schedule"] == "after_prefill" or c.policy in HEAD_PATTERN:  # (refused before: schedule)
         return None
     # extreme_decode keeps one pair, whatever the prompt; kv_size_above is a kv_size
     kind = "kv_size" if c.policy == "extreme_decode" or c.budget == "kv_size_above" else c.budget

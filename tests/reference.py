@@ -101,10 +101,11 @@ POLICY_RULES = {"full": None, "window": "newest", "streaming_llm": "newest", "ex
                 "random": "random", "snapkv": "snapkv", "pyramidkv": "snapkv",
                 "vatp": "vatp", "lagkv": "lagkv", "chunkkv": "chunkkv",
                 "kvzip": "kvzip", "kvzip_plus": "kvzip",
-                "expected_attention": "expected_attention", "kvzap": "kvzap"}
+                "expected_attention": "expected_attention", "kvzap": "kvzap", "duo_attention": "duo_attention"}
 # a rule of tests/reference_generate.py's METHODS (compressed once after prefill): its parameters from the policy's
 METHOD_PARAMS = {"kvzip": lambda p: dict(chunk=p.chunk_size, layerwise=p.head_budget == "layerwise"),
-                 "kvzip_plus": lambda p: dict(chunk=p.chunk_size, layerwise=p.head_budget == "layerwise", plus=True)}
+                 "kvzip_plus": lambda p: dict(chunk=p.chunk_size, layerwise=p.head_budget == "layerwise", plus=True),
+                 "duo_attention": lambda p: _tiny_duo(p)}
 HIDDEN_RULES = {"expected_attention", "kvzap"}  # rules that read each layer's input hidden states (recorded while they run)
 
 
@@ -350,6 +351,19 @@ def _tiny_kvzap(ref) -> tuple[dict, dict]:
                             num_hidden_layers=len(ref.layers))
     s = tiny_scorer(shape, hidden_dim=8)
     return s.config(), {k: v.detach() for k, v in s.state_dict().items()}
+
+
+def _tiny_duo(p) -> dict:
+    """DuoAttention's inputs kvbench gives the tiny llama (a model with no name): head scores drawn uniform in [0, 1)
+    from numpy's generator seeded 0, one per (layer, KV head), sink 2 and recent 10 unless the policy sets them."""
+    import numpy as np
+
+    from tests.conftest import _tiny
+
+    cfg = _tiny("llama").model.config
+    scores = np.random.default_rng(0).random((cfg.num_hidden_layers, cfg.num_key_value_heads)).tolist()
+    return dict(head_scores=scores, sink=2 if p.sink_size is None else p.sink_size,
+                recent=10 if p.recent_size is None else p.recent_size)
 
 
 def _score(pr: Pair, rule: str, last: int) -> float:

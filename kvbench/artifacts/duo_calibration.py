@@ -15,6 +15,9 @@ query_pre_attn_scalar, Granite's multiplier): kvpress's 1/sqrt(D), as it does.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
@@ -84,3 +87,27 @@ def calibrate(model, sequences: list[list[int]], q_len: int = 500) -> HeadPatter
     """On-the-fly scores with kvpress's windows for them (sink 128, recent 256)."""
     sink, recent = ON_THE_FLY_WINDOWS
     return HeadPattern(head_scores(model, sequences, q_len).astype(float), sink, recent)
+
+
+FIELDS = ("text", "article", "chapter", "context", "document")  # a JSON object's text, the first field it has
+
+
+def read_texts(path: str, limit: int) -> list[str]:
+    """The first `limit` calibration texts of a local file: .json (a list of strings or of objects), .jsonl (one
+    string or object a line; an object's text is its first field of FIELDS), anything else one text (the file)."""
+    f = Path(path).expanduser()
+    if not f.is_file():
+        raise ConfigError("policy.calibration", "no such file (a .txt, .json or .jsonl of texts)", path)
+    raw = f.read_text()
+    try:
+        rows = json.loads(raw) if f.suffix == ".json" else [json.loads(x) for x in raw.splitlines() if x.strip()] \
+            if f.suffix == ".jsonl" else [raw]
+    except json.JSONDecodeError as e:
+        raise ConfigError("policy.calibration", f"not valid JSON ({e.msg}, line {e.lineno})", path) from None
+    rows = rows if isinstance(rows, list) else [rows]
+    texts = [r if isinstance(r, str) else next((r[k] for k in FIELDS if isinstance(r, dict) and k in r), None)
+             for r in rows[:limit]]
+    if not texts or any(not isinstance(t, str) or not t for t in texts):
+        raise ConfigError("policy.calibration", f"needs non-empty texts (strings, or objects with one of {FIELDS})",
+                          path)
+    return texts

@@ -127,6 +127,8 @@ def sample_budgets(policy, lengths: list[int]) -> torch.Tensor:
         want = [math.ceil(policy.kv_ratio * s) for s in lengths]
     elif policy.compression_ratio is not None:
         want = [int(s * (1 - policy.compression_ratio)) for s in lengths]
+    elif policy.kv_size is None:  # no budget knob (DuoAttention: its layer rule alone sets the budgets): the prompt
+        return torch.tensor(lengths, dtype=torch.long, device="cpu")
     else:
         return torch.full((len(lengths),), policy.kv_size, dtype=torch.long, device="cpu")
     least = min_budget(policy)

@@ -151,6 +151,8 @@ def evict(g, rows: torch.Tensor, keep: torch.Tensor, policy: Policy, *, seen: to
         )
         uneven = head_rule(policy).needs_score
         ranked = rank(policy.score(stats), t["pos"], last, h["n"], policy.protect_first, h["recent"])
+        if uneven and g.head_n is not None:  # heads that hold fewer pairs than the sample's count: not their holes
+            ranked = heads.mask_holes(ranked, g, sel)
         if g.band:  # a compressed windowed group: what no later query sees goes first
             ranked = band.out_of_window(ranked, t["pos"], last, g.band)
         if uneven:  # a head rule that chooses the counts (AdaKV): each head its own, the layer's total the budget's

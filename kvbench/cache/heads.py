@@ -39,8 +39,17 @@ def record(g, rows: torch.Tensor, sel, c: torch.Tensor, host: torch.Tensor, keep
     if g.head_n is None:  # no hole yet: every head holds the sample's count
         g.head_n = g.n.to(g.device)[None, :, None].expand(len(g.layers), -1, c.shape[-1]).clone()
     g.head_n[:, sel] = c
-    g.gap_end = n.to(g.device)
+    end = n.to(g.device)  # the rows that did not evict keep their hole (a later eviction: different rows evict)
+    g.gap_end = end if g.gap_end is None else torch.where(rows.to(g.device), end, g.gap_end)
     return n
+
+
+def mask_holes(ranked: torch.Tensor, g, sel) -> torch.Tensor:
+    """`ranked` (L_g, B', H, N) of the rows `sel` with each head's hole [head_n, gap_end) at -inf: a second eviction
+    (DuoAttention's streaming heads under prefill_and_decode / decode_only) ranks only what each head holds."""
+    slot = torch.arange(ranked.shape[-1], device=ranked.device)
+    hole = (slot >= g.head_n[:, sel][..., None]) & (slot < g.gap_end[sel][None, :, None, None])
+    return ranked.masked_fill(hole, -float("inf"))
 
 
 def layer_step(step, g, i: int):

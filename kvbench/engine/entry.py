@@ -63,7 +63,7 @@ def generate(
         raise ValueError("empty prompt")
     if kinds is None:  # a refused family or an unsuitable policy: ConfigError (else the caller checked, once per run)
         kinds = family.check_policy(model.config, policy, max(map(len, ids)) + max_new_tokens)
-    policy.prepare(tokenizer)  # ids a policy derives from the tokenizer, once per run (KVzip's template)
+    policy.prepare(tokenizer, model)  # once per run: KVzip's template, DuoAttention's head pattern
     if eos_token_ids is None:
         eos_token_ids = eos_ids(model, tokenizer)
     pad = pad_id(model, tokenizer)

@@ -149,8 +149,8 @@ class Policy:
             self.compression_ratio is not None) else None
 
     # ----------------------------------------------------------------- scoring
-    def prepare(self, tokenizer) -> None:
-        """Ids derived from the run's tokenizer once per run (KVzip's template); `kvbench.engine.generate` calls it."""
+    def prepare(self, tokenizer, model=None) -> None:
+        """Once per run, before generating (kvbench.engine.generate): KVzip's template, DuoAttention's head pattern."""
 
     def scoring_passes(self, context: list[int]) -> list:
         """`needs.passes`: the passes over one row's context ids (ReplayPass: ids fed, positions [start, end))."""

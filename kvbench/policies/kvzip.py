@@ -49,7 +49,7 @@ class KVzip(Policy):
             raise ConfigError("policy.chunk_size", "must be positive", self.chunk_size)
         super().validate()
 
-    def prepare(self, tokenizer) -> None:
+    def prepare(self, tokenizer, model=None) -> None:
         """The chat template's prefix length and suffix ids (kvpress's split), and the tokenizer for the prompts."""
         self._tokenizer = tokenizer
         self._template = kvzip_template.template(tokenizer)

@@ -64,6 +64,7 @@ def extensions(cfg: DictConfig, policy) -> list[str]:
 
 def execute(cfg: DictConfig, record: dict, lm, policy, task, samples, ids, memory_limit=None) -> list[dict]:
     s = cfg.serve
+    policy.prepare(lm.tokenizer, lm.model)  # once per run, as kvbench.engine.generate does (DuoAttention's pattern)
     num_blocks = pool_blocks(cfg, lm, policy, memory_limit)
     reqs = build_requests(ids, cfg.gen.max_new_tokens, s.rate, cfg.seed)
     out = serve(

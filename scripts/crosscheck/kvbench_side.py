@@ -30,6 +30,7 @@ from kvbench.policies import (  # noqa: E402
     TOVA,
     BatchMax,
     ChunkKV,
+    DuoAttention,
     ExpectedAttention,
     Full,
     KeyDiff,
@@ -79,6 +80,10 @@ COUNTERPARTS = {
             compression_ratio=r, schedule=AP, head_budget="adaptive", head_floor=0.2, epsilon=1e-2), None)],
     "kvzap_mlp_head": [("kvzap", lambda r: KVzap(compression_ratio=r, schedule=AP, scorer=str(WORK["dir"] / "kvzap-mlp")),
                         None)],  # the random MLP scorer both sides load from the work folder (kvpress's Hub layout)
+    # the share of streaming heads; the head scores calibrated on the texts kvpress's side calibrated on (its
+    # BookSum replaced by the first 50 CNN/DM validation articles, WORK/calibration.json, cases.DUO_TEXTS)
+    "duo_attention_on_the_fly": [("duo_attention", lambda r: DuoAttention(
+        compression_ratio=r, calibration=str(WORK["dir"] / "calibration.json")), None)],
 }
 WORK: dict = {}  # the work folder, for counterparts that read from it (run() sets it)
 # `CROSSCHECK_PRESSES=adakv CROSSCHECK_RATIOS=0.5`: run only those presses and ratios (both sides read them)

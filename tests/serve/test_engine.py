@@ -58,9 +58,12 @@ def preempted_while_generating(monkeypatch) -> list[int]:
 
 
 def _after_prefill(cls):
-    """The registered policy at kv 8 under after_prefill (a 4-query observation window where it has one)."""
-    window = {"window": 4} if "window" in {f.name for f in dataclasses.fields(cls)} else {}
-    return cls(kv_size=8, schedule="after_prefill", evict_every=1, **window)
+    """The registered policy at kv 8 under after_prefill (a 4-query observation window where it has one); where a
+    head pattern is the budget (DuoAttention's), every head a streaming one (retrieval heads would keep every pair)."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    window = {"window": 4} if "window" in fields else {}
+    budget = {"head_compression_ratio": 1.0} if "head_compression_ratio" in fields else {"kv_size": 8}
+    return cls(schedule="after_prefill", evict_every=1, **window, **budget)
 
 
 EVICTING = sorted(n for n, cls in registry().items() if cls().evicts)  # every registered policy but full
