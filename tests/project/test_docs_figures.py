@@ -544,6 +544,26 @@ def test_crosscheck_of_lagkv_and_chunkkv():
            f"{', '.join(map(str, tied[:-1]))} and {tied[-1]} differ")
 
 
+def test_crosscheck_of_the_observe_step_policies():
+    s = json.loads((RESULTS / "crosscheck" / "observe" / "summary.json").read_text())
+    rows = {r["press"]: r for r in s["rows"]}
+    ea, ada, zap = rows["expected_attention"], rows["adakv_expected_attention"], rows["kvzap_mlp_head"]
+    assert all(r["identical_rows"] == r["rows"] == 16 and r["ratio"] == 0.5 for r in (ea, ada, zap))
+    states("docs/crosscheck.md",
+           f"ExpectedAttention gives identical tokens on {ea['identical_rows']} of {ea['rows']} rows and identical kept "
+           f"sets in {ea['identical_sets']} of {ea['sets']}; AdaKV over ExpectedAttention (the leaderboard's epsilon "
+           f"0.01) {ada['identical_rows']} of {ada['rows']} and {ada['identical_sets']} of {ada['sets']}; KVzap (the "
+           f"same random MLP scorer on both sides) {zap['identical_rows']} of {zap['rows']} and {zap['identical_sets']} "
+           f"of {zap['sets']}")
+    states("results/crosscheck/observe/README.md",
+           f"ExpectedAttention: identical tokens on {ea['identical_rows']} of {ea['rows']} rows, identical kept sets in "
+           f"{ea['identical_sets']} of {ea['sets']}",
+           f"AdaKV over ExpectedAttention: identical tokens on {ada['identical_rows']} of {ada['rows']} rows, identical "
+           f"kept sets in {ada['identical_sets']} of {ada['sets']}",
+           f"KVzap: identical tokens on {zap['identical_rows']} of {zap['rows']} rows, identical kept sets in "
+           f"{zap['identical_sets']} of {zap['sets']}; each of the {zap['sets'] - zap['identical_sets']} sets")
+
+
 # ------------------------------------------------------------------------------------ docs/matrix.md
 def test_matrix_counts():
     """The whole product's counts and the preflight pass's time from its record (tests/data/matrix_product.json,
