@@ -564,6 +564,22 @@ def test_crosscheck_of_the_observe_step_policies():
            f"{zap['identical_sets']} of {zap['sets']}; each of the {zap['sets'] - zap['identical_sets']} sets")
 
 
+def test_crosscheck_of_criticalkv():
+    s = json.loads((RESULTS / "crosscheck" / "critical" / "summary.json").read_text())
+    (r,) = s["rows"]
+    assert (r["press"], r["ratio"], r["identical_rows"], r["rows"]) == ("critical_snapkv", 0.5, 16, 16)
+    short = sorted(s["prompt_tokens"])[:2]
+    first = [int(0.5 * n * 0.5) for n in short]
+    states("docs/crosscheck.md", f"identical tokens on {r['identical_rows']} of {r['rows']} rows and identical kept sets "
+                                 f"in {r['identical_sets']} of {r['sets']}; the {r['sets'] - r['identical_sets']} other "
+                                 f"sets are in the two shortest prompts, whose first stage ({first[0]} and {first[1]} "
+                                 "pairs) falls among the 64 window pairs' equal scores")
+    states("results/crosscheck/critical/README.md",
+           f"identical tokens on {r['identical_rows']} of {r['rows']} rows, identical kept sets in {r['identical_sets']} "
+           f"of {r['sets']}", f"the two shortest prompts ({short[1]} and {short[0]} tokens)",
+           f"int(0.5 x n x 0.5) = {first[1]} and {first[0]} pairs per head")
+
+
 # ------------------------------------------------------------------------------------ docs/matrix.md
 def test_matrix_counts():
     """The whole product's counts and the preflight pass's time from its record (tests/data/matrix_product.json,
