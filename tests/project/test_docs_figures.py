@@ -580,6 +580,15 @@ def test_crosscheck_of_criticalkv():
            f"int(0.5 x n x 0.5) = {first[1]} and {first[0]} pairs per head")
 
 
+def test_crosscheck_of_kvzip_plus():
+    (r,) = json.loads((RESULTS / "crosscheck" / "kvzip_plus" / "summary.json").read_text())["rows"]
+    assert (r["press"], r["ratio"], r["identical_rows"], r["rows"]) == ("kvzip_plus", 0.5, 16, 16)
+    phrase = (f"identical tokens on {r['identical_rows']} of {r['rows']} rows and identical kept sets in "
+              f"{r['identical_sets']} of {r['sets']}")
+    states("docs/crosscheck.md", f"**KVzip+**, at compression 0.5 on the same 16 prompts: {phrase}")
+    states("results/crosscheck/kvzip_plus/README.md", phrase.replace(" rows and", " rows,"))
+
+
 # ------------------------------------------------------------------------------------ docs/matrix.md
 def test_matrix_counts():
     """The whole product's counts and the preflight pass's time from its record (tests/data/matrix_product.json,
