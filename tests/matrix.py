@@ -199,7 +199,7 @@ def write_mirror(root: Path) -> Path:
 
 
 # policies defined only as one compression of the whole prompt (docs/policies.md says why for each)
-AFTER_PREFILL_ONLY = ("lagkv", "chunkkv")
+AFTER_PREFILL_ONLY = ("lagkv", "chunkkv", "critical")
 HEAD_PATTERN = ("duo_attention",)  # a fixed per-(layer, KV head) budget: no kv_size / kv_ratio (docs/policies.md)
 
 
@@ -217,8 +217,8 @@ def violations(c: Combo) -> list[tuple[str, ...]]:
         out.append((f"policy.{c.budget}",))  # it keeps one pair, whatever the prompt
     if c.policy in AFTER_PREFILL_ONLY and c.schedule != "after_prefill":
         out.append(("policy.schedule",))  # its rule reads the whole prompt at once
-    if c.policy == "chunkkv" and c.head_budget == "adaptive":
-        out.append(("policy.head_budget",))  # every KV head keeps the same chunks
+    if c.policy in ("chunkkv", "critical") and c.head_budget == "adaptive":
+        out.append(("policy.head_budget",))  # ChunkKV: every KV head keeps the same chunks; CriticalAdaKV: another rule
     if c.policy == "pyramidkv" and c.rerotate:
         out.append(("policy.rerotate",))  # rotary positions are shared by layers of different budgets
     if c.preset:  # OpenVINO's preset: serving modes, H2O's accumulated attention, its own areas and schedule

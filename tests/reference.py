@@ -26,6 +26,8 @@ Plain and slow on purpose, for the tests only. Nothing from kvbench is imported:
       "knorm"                minus the key's L2 norm
       "keydiff"              minus the cosine of the key to the mean of the head's unit keys
       "chunkkv"              ChunkKV over SnapKV: whole chunks by the mean of SnapKV's head-summed score
+      "critical"             CriticalKV over SnapKV: SnapKV's int(kv_size / 2) best first, the others by
+                             (score + 1e-4) x the group mean of ||W_O^(hq) v||_1 (tests/reference_methods.py)
       "lagkv"                LagKV's rank of each pair in its partition (tests/reference_methods.py)
       "random"               a 31-bit integer hash of (seed, layer, head, last, pos), top 24 bits
       "snapkv"               per query head: the last `window` queries processed (kept in a
@@ -99,7 +101,7 @@ class Spec:
 POLICY_RULES = {"full": None, "window": "newest", "streaming_llm": "newest", "extreme_decode": "newest",
                 "batch_max": "average", "h2o": "sum", "tova": "last_layer", "knorm": "knorm", "keydiff": "keydiff",
                 "random": "random", "snapkv": "snapkv", "pyramidkv": "snapkv",
-                "vatp": "vatp", "lagkv": "lagkv", "chunkkv": "chunkkv",
+                "vatp": "vatp", "lagkv": "lagkv", "chunkkv": "chunkkv", "critical": "critical",
                 "kvzip": "kvzip", "kvzip_plus": "kvzip",
                 "expected_attention": "expected_attention", "kvzap": "kvzap", "duo_attention": "duo_attention"}
 # a rule of tests/reference_generate.py's METHODS (compressed once after prefill): its parameters from the policy's
@@ -297,6 +299,25 @@ def chunkkv_scores(ref, heads: list[list[Pair]], spec: Spec, last: int, history)
     return [[value[i // c] for i in range(n)] for _ in heads]
 
 
+def critical_scores(ref, layer: int, heads: list[list[Pair]], spec: Spec, last: int, history) -> list[list[float]]:
+    """CriticalKV over SnapKV (kvpress's CriticalKVPress(SnapKVPress())): SnapKV's scores, its window's pairs
+    raised to the layer's largest; each head's int(kv_size x 0.5) best (at least 1; equal scores: the older) score
+    the float32 maximum, the others (score + 1e-4) x the mean over the group of ||W_O^(hq) v||_1."""
+    from tests.reference_methods import value_out_norm
+
+    inner = snapkv_scores(ref, heads, history, spec)
+    top = max(v for row in inner for v in row)
+    inner = [[top if pr.pos > last - spec.window else v for pr, v in zip(pairs, row, strict=True)]
+             for pairs, row in zip(heads, inner, strict=True)]
+    big, first = float(torch.finfo(torch.float32).max), max(1, int(spec.kv_size * 0.5))
+    out = []
+    for g, (pairs, s) in enumerate(zip(heads, inner, strict=True)):
+        best = set(sorted(range(len(s)), key=lambda i: -s[i])[:first])  # noqa: B023
+        out.append([big if i in best else (s[i] + 1e-4) * sum(value_out_norm(ref, layer, g, pr.v, 1)) / ref.G
+                    for i, pr in enumerate(pairs)])
+    return out
+
+
 def chunk_keep(n: int, spec: Spec) -> int:
     """ChunkKV's kept pairs for a prompt of n: max(1, kv_size // chunk) whole chunks, the newest (maybe partial)
     among them; shorter than a chunk: kv_size."""
@@ -326,6 +347,8 @@ def layer_scores(ref, layer: int, heads: list[list[Pair]], spec: Spec, last: int
         return out
     if rule == "chunkkv":
         return chunkkv_scores(ref, heads, spec, last, history[layer])
+    if rule == "critical":
+        return critical_scores(ref, layer, heads, spec, last, history[layer])
     if rule == "lagkv":  # kvpress's LagKVPress, as tests/reference_methods.py states it
         return lagkv_scores(ref, heads, spec.n_sink, spec.lag)
     if rule == "expected_attention":  # tests/reference_methods.py's rule over every hidden state seen so far

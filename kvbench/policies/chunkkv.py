@@ -16,7 +16,6 @@ sample's choice to the whole batch). Defined once, on the whole prompt (schedule
 protocol); the other schedules are refused.
 """
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -24,13 +23,14 @@ import torch
 
 from kvbench.budgets import is_int
 from kvbench.errors import ConfigError
-from kvbench.policies.base import AFTER_PREFILL, Needs, Policy, ScoreContext
+from kvbench.policies.base import AFTER_PREFILL, Policy, ScoreContext
+from kvbench.policies.inner_score import Wraps, build_inner, raised_score
 
 NOT_INNER = ("chunkkv", "full", "extreme_decode")  # itself, a policy without a score, one without after_prefill
 
 
 @dataclass
-class ChunkKV(Policy):
+class ChunkKV(Wraps, Policy):
     kv_size: int | None = 256
     schedule: str = AFTER_PREFILL
     inner: str = "snapkv"  # the registered policy whose score ranks the chunks
@@ -46,25 +46,9 @@ class ChunkKV(Policy):
     layer_budget: ClassVar[str] = "chunks"  # kvbench/budgets/chunk_layers.py
 
     def validate(self) -> None:
-        from kvbench.policies import registry
-
         if not is_int(self.chunk_length) or self.chunk_length < 1:
             raise ConfigError("policy.chunk_length", "must be an integer >= 1", self.chunk_length)
-        policies = registry()
-        if self.inner not in policies or self.inner in NOT_INNER:
-            raise ConfigError("policy.inner", "must name a registered policy with a score, one of "
-                              f"{', '.join(p for p in policies if p not in NOT_INNER)}", self.inner)
-        cls = policies[self.inner]
-        if cls.layer_budget != "uniform":
-            raise ConfigError("policy.inner", "ChunkKV's budget is whole chunks in every layer: the inner policy "
-                              f"cannot bring its own layer budgets ({cls.layer_budget})", self.inner)
-        if not isinstance(self.inner_args, Mapping):
-            raise ConfigError("policy.inner_args", "must be a mapping of the inner policy's knobs", self.inner_args)
-        self.inner_args = dict(self.inner_args)
-        try:
-            self._inner = cls(**{**self.inner_args, "schedule": AFTER_PREFILL})
-        except TypeError as e:
-            raise ConfigError("policy.inner_args", f"not {self.inner}'s knobs ({e})", self.inner_args) from None
+        self._inner = build_inner(self, NOT_INNER, "ChunkKV")
         if self.schedule != AFTER_PREFILL:
             raise ConfigError("policy.schedule", "chunkkv keeps whole chunks of the whole prompt, chosen once: use "
                               "policy.schedule=after_prefill", self.schedule)
@@ -72,25 +56,10 @@ class ChunkKV(Policy):
             raise ConfigError("policy.head_budget", "chunkkv keeps the same chunks in every KV head", self.head_budget)
         super().validate()
 
-    def __getattr__(self, name: str):  # the inner policy's own knobs, read through (policy.window: SnapKV's)
-        inner = self.__dict__.get("_inner")
-        if inner is None or name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(inner, name)
-
-    @property
-    def needs(self) -> Needs:
-        return self._inner.needs
-
     def score(self, stats: ScoreContext) -> torch.Tensor:
-        g = self._inner.score(stats).float()  # (L, B, H, N)
+        g, real = raised_score(self._inner, stats)  # (L, B, H, N), (1, B, 1, N)
         L, B, H, N = g.shape
         c, n = self.chunk_length, stats.n.view(1, B, 1, 1)
-        real = torch.arange(N, device=g.device) < n  # (1, B, 1, N)
-        recent = self._inner.protect_recent or 0
-        held = (stats.pos < self._inner.protect_first) | (stats.pos > stats.last - recent)  # the inner's protected
-        top = g.masked_fill(~real, float("-inf")).amax(dim=(2, 3), keepdim=True)  # (L, B, 1, 1)
-        g = torch.where(held & real, top, g)
         C = -(-N // c)
         summed = g.masked_fill(~real, 0.0).sum(dim=2)  # (L, B, N): over the KV heads
         summed = torch.nn.functional.pad(summed, (0, C * c - N)).view(L, B, C, c).sum(dim=-1)  # (L, B, C)

@@ -37,12 +37,12 @@ class KVzipPlus(KVzip):
         out = rows * q_heads * pairs * elem + rows * (q_heads // kv_heads) * pairs * q_heads * head_dim * elem
         return max(base, keys + soft + 2 * rows * q_heads * tokens * pairs * elem + out)
 
-def value_out_norms(o_weight: torch.Tensor, values: torch.Tensor, H: int, G: int) -> torch.Tensor:
-    """(B, H, G, N) ||W_O^(h,g) v||_2 of each held value v (B, H, N, D) through o_proj's weight (hidden, H G D),
+def value_out_norms(o_weight: torch.Tensor, values: torch.Tensor, H: int, G: int, p: int = 2) -> torch.Tensor:
+    """(B, H, G, N) ||W_O^(h,g) v||_p of each held value v (B, H, N, D) through o_proj's weight (hidden, H G D),
     one KV head at a time (the (B, G, N, hidden) product of a head, not of the layer, is alive)."""
     B, _, N, D = values.shape
     wo = o_weight.t().reshape(H, G, D, -1)  # (H, G, D, hidden)
     out = torch.empty(B, H, G, N, dtype=values.dtype, device=values.device)
     for kv in range(H):
-        out[:, kv] = torch.linalg.vector_norm(torch.einsum("gdo,bnd->bgno", wo[kv], values[:, kv]), dim=-1)
+        out[:, kv] = torch.linalg.vector_norm(torch.einsum("gdo,bnd->bgno", wo[kv], values[:, kv]), ord=p, dim=-1)
     return out

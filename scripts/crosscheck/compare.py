@@ -126,6 +126,11 @@ def notes_of(r: dict) -> list[str]:
     return [r["why"]] * bool(r["why"]) + rows
 
 
+def breakable(name: str) -> str:
+    """A press or policy name the browser may break after its underscores (`<wbr>`: nothing is copied with it)."""
+    return name.replace("_", "_<wbr>")
+
+
 def render(summary: dict, new_tokens: int) -> str:
     """table.md: the setting, one row per press, kvbench counterpart and ratio, then the notes the rows name."""
     lengths, kp, kb = summary["prompt_tokens"], summary["versions"]["kvpress_side"], summary["versions"]["kvbench_side"]
@@ -152,7 +157,7 @@ def render(summary: dict, new_tokens: int) -> str:
         extra = r["rows_identical_or_ties"] - r["identical_rows"]
         ties = f" (+{extra} at ties)" if extra else ""
         ratio = "-" if r["press"] == "none" else f"{r['ratio']:g}"
-        head.append(f"| {r['press']} | {r['kvbench']} | {ratio} | {r['identical_rows']}/{r['rows']}{ties} | "
+        head.append(f"| {breakable(r['press'])} | {breakable(r['kvbench'])} | {ratio} | {r['identical_rows']}/{r['rows']}{ties} | "
                     f"{r['mean_common_prefix']:.3f} | {r['identical_sets']}/{r['sets']} | {r['jaccard_mean']:.4f} / "
                     f"{r['jaccard_min']:.4f} | {r['rouge2_kvbench']:.4f} / {r['rouge2_kvpress']:.4f} | "
                     f"{', '.join(refs)} |")

@@ -30,6 +30,7 @@ from kvbench.policies import (  # noqa: E402
     TOVA,
     BatchMax,
     ChunkKV,
+    Critical,
     DuoAttention,
     ExpectedAttention,
     Full,
@@ -37,6 +38,7 @@ from kvbench.policies import (  # noqa: E402
     Knorm,
     KVzap,
     KVzip,
+    KVzipPlus,
     LagKV,
     PyramidKV,
     SnapKV,
@@ -74,10 +76,14 @@ COUNTERPARTS = {
     "adakv": [("snapkv head_budget=adaptive", lambda r: SnapKV(compression_ratio=r, schedule=AP,
                                                                head_budget="adaptive", head_floor=0.2), None)],
     "kvzip": [("kvzip", lambda r: KVzip(compression_ratio=r), None)],
+    "kvzip_plus": [("kvzip_plus", lambda r: KVzipPlus(compression_ratio=r), None)],
     "expected_attention": [("expected_attention", lambda r: ExpectedAttention(compression_ratio=r, schedule=AP), None)],
     "adakv_expected_attention": [  # the leaderboard's row: AdaKVPress(ExpectedAttentionPress(epsilon=1e-2))
         ("expected_attention head_budget=adaptive epsilon=0.01", lambda r: ExpectedAttention(
             compression_ratio=r, schedule=AP, head_budget="adaptive", head_floor=0.2, epsilon=1e-2), None)],
+    "critical_snapkv": [("critical", lambda r: Critical(compression_ratio=r, schedule=AP), None)],  # inner SnapKV
+    "critical_expected_attention": [("critical inner=expected_attention use_vnorm=false", lambda r: Critical(
+        compression_ratio=r, schedule=AP, inner="expected_attention", inner_args={"use_vnorm": False}), None)],
     "kvzap_mlp_head": [("kvzap", lambda r: KVzap(compression_ratio=r, schedule=AP, scorer=str(WORK["dir"] / "kvzap-mlp")),
                         None)],  # the random MLP scorer both sides load from the work folder (kvpress's Hub layout)
     # the share of streaming heads; the head scores calibrated on the texts kvpress's side calibrated on (its

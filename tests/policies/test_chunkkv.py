@@ -43,3 +43,36 @@ def test_refusals_name_their_key(keys):
 def test_any_registered_scorer_ranks_the_chunks():
     assert ChunkKV(inner="knorm").needs == ChunkKV(inner="knorm")._inner.needs
     assert ChunkKV(inner_args={"window": 32}).window == 32  # the inner's knobs read through
+
+
+
+def test_over_expected_attention_keeps_the_rules_chunks_at_batch_4(tiny_llama):
+    """The inner policy's observe step runs (ExpectedAttention's query statistics): the chunks of
+    tests/reference_select.py's ChunkKV rule over tests/reference_methods.py's ExpectedAttention (both proven
+    against kvpress 0.5.5), the newest chunk kept (kvbench's recorded departure), and their tokens."""
+    from kvbench.engine import generate
+    from tests import reference_generate as G
+    from tests import reference_select as S
+    from tests.policies.test_scored import NEW, _ref_model
+
+    policy = ChunkKV(compression_ratio=0.5, inner="expected_attention")
+    kept = []
+
+    def observer(event, cache):
+        if event == "evict":
+            kept.append([[[[p for p in h if p >= 0] for h in cache.kept_positions(la, b).tolist()]
+                          for la in range(cache.num_layers)] for b in range(len(PROMPTS))])
+
+    def newest_first(scores):  # the newest chunk (maybe partial) ranks first; shorter than a chunk: the inner's
+        n = len(scores[0])
+        if n < 20:
+            return scores
+        return [[float("inf") if i >= (n - 1) // 20 * 20 else v for i, v in enumerate(s)] for s in scores]
+
+    out = generate(tiny_llama.model, tiny_llama.tokenizer, PROMPTS, policy, len(PROMPTS), max_new_tokens=NEW,
+                   eos_token_ids=[], observer=observer)
+    for b, p in enumerate(PROMPTS):
+        ctx = G.prefill(_ref_model("llama"), p)
+        want = G.per_layer(ctx, lambda la: G._ea(ctx, la), lambda s: S.chunkkv(newest_first(s), 0.5, 20))  # noqa: B023
+        tokens, _ = G.generate(_ref_model("llama"), p, NEW, None, keep=want)
+        assert kept[0][b] == want and out.token_ids[b] == tokens, b

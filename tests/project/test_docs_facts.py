@@ -39,9 +39,12 @@ REFUSED = {
     "`policy=extreme_decode` with `schedule` other than `decode_only`":
         replace(BASE, policy="extreme_decode", schedule="after_prefill"),
     "`policy=extreme_decode` with a per-prompt budget": replace(BASE, policy="extreme_decode", budget="kv_ratio"),
-    "`policy=lagkv` or `chunkkv` with `schedule` other than `after_prefill`": replace(BASE, policy="lagkv"),
-    "`policy=chunkkv policy.head_budget=adaptive`":
-        replace(BASE, policy="chunkkv", schedule="after_prefill", head_budget="adaptive"),
+    "`policy=lagkv`, `chunkkv` or `critical` with `schedule` other than `after_prefill`": replace(BASE, policy="lagkv"),
+    "`policy=chunkkv` or `critical` with `policy.head_budget=adaptive`":
+        replace(BASE, policy="critical", schedule="after_prefill", head_budget="adaptive"),
+    "`policy=duo_attention` with `kv_size` or `kv_ratio`, with `head_budget` other than `pattern`, with "
+    "`rerotate=true`, in `mode=serve_limits`, or serving with `schedule` other than `after_prefill`":
+        replace(BASE, policy="duo_attention", schedule="after_prefill"),
     "`policy=pyramidkv policy.rerotate=true`": replace(BASE, policy="pyramidkv", rerotate=True),
     "`policy=snapkv` / `pyramidkv` whose window does not fit `kv_size - evict_every`":
         [*TINY, "policy=snapkv", "policy.kv_size=128", "policy.window=96"],
@@ -84,7 +87,10 @@ THAT_KEY = {"`policy=full` with `kv_ratio` or `compression_ratio`": "policy.kv_r
                 "policy.kv_ratio",
             "`serve.eviction=openvino` with `policy.kv_size`, `protect_*`, `schedule` or `serve.block_score` changed":
                 "policy.schedule",
-            "`plan.*` values `kvbench-plan` refuses": "plan.gpus"}
+            "`plan.*` values `kvbench-plan` refuses": "plan.gpus",
+            "`policy=duo_attention` with `kv_size` or `kv_ratio`, with `head_budget` other than `pattern`, with "
+            "`rerotate=true`, in `mode=serve_limits`, or serving with `schedule` other than `after_prefill`":
+                "policy.kv_size"}
 
 
 def refusal_rows() -> dict[str, str]:

@@ -163,10 +163,10 @@ def markdown_tables(text: str) -> list[list[list[str]]]:
 
 def narrowest_px(table: list[list[str]]) -> int:
     """The least width the browser can give the table: per column its longest unbreakable word (text breaks at
-    spaces and after hyphens; a code span never, docs/stylesheets/extra.css), but no column below Material's
+    spaces, `<wbr>` and after hyphens; a code span never, docs/stylesheets/extra.css), but no column below Material's
     minimum."""
     def words(cell: str) -> list[str]:
-        text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", cell).replace("\\|", "|")
+        text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", cell).replace("\\|", "|").replace("<wbr>", " ")
         code = re.findall(r"`([^`]+)`", text)
         prose = re.sub(r"`[^`]+`", " ", text)
         return [*code, *(w for token in prose.split() for w in re.findall(r"[^-]*-?", token) if w)]

@@ -1,0 +1,83 @@
+"""The inner policy of a wrapper (ChunkKV, CriticalKV): a registered policy whose score the wrapper reads.
+
+`build_inner` checks `policy.inner` / `policy.inner_args` and makes the inner policy (schedule after_prefill, its own
+knobs at their defaults unless given); `raised_score` is its score with the pairs it protects (SnapKV's
+observation window, sinks) raised to the layer's largest score, as kvpress's SnapKVPress gives its window.
+"""
+
+from collections.abc import Mapping
+
+import torch
+
+from kvbench.errors import ConfigError
+from kvbench.policies.base import AFTER_PREFILL, Policy, ScoreContext
+
+
+def build_inner(policy, not_inner: tuple[str, ...], who: str) -> Policy:
+    """The inner policy of `policy` (a wrapper named `who`), or ConfigError naming the key."""
+    from kvbench.policies import registry
+
+    policies = registry()
+    if policy.inner not in policies or policy.inner in not_inner:
+        raise ConfigError("policy.inner", "must name a registered policy with a score, one of "
+                          f"{', '.join(p for p in policies if p not in not_inner)}", policy.inner)
+    cls = policies[policy.inner]
+    if cls.layer_budget != "uniform":
+        raise ConfigError("policy.inner", f"{who}'s budget is the same in every layer: the inner policy cannot "
+                          f"bring its own layer budgets ({cls.layer_budget})", policy.inner)
+    if not isinstance(policy.inner_args, Mapping):
+        raise ConfigError("policy.inner_args", "must be a mapping of the inner policy's knobs", policy.inner_args)
+    policy.inner_args = dict(policy.inner_args)
+    try:
+        return cls(**{**policy.inner_args, "schedule": AFTER_PREFILL})
+    except TypeError as e:
+        raise ConfigError("policy.inner_args", f"not {policy.inner}'s knobs ({e})", policy.inner_args) from None
+
+
+def raised_score(inner: Policy, stats: ScoreContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """((L, B, H, N) float32 inner score, the pairs it protects raised to the layer's largest real score;
+    (1, B, 1, N) bool real slots)."""
+    g = inner.score(stats).float()  # (L, B, H, N)
+    N = g.shape[-1]
+    real = torch.arange(N, device=g.device) < stats.n  # (1, B, 1, N)
+    recent = inner.protect_recent or 0
+    held = (stats.pos < inner.protect_first) | (stats.pos > stats.last - recent)  # the inner's protected pairs
+    top = g.masked_fill(~real, float("-inf")).amax(dim=(2, 3), keepdim=True)  # (L, B, 1, 1)
+    return torch.where(held & real, top, g), real
+
+
+class Wraps:
+    """What a wrapper hands to its inner policy (`self._inner`, made by `build_inner`): its knobs read through
+    (policy.window: SnapKV's), what it reads (`needs`), its observe step (ExpectedAttention's statistics) and its
+    scoring passes (KVzip's)."""
+
+    def __getattr__(self, name: str):
+        inner = self.__dict__.get("_inner")
+        if inner is None or name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(inner, name)
+
+    @property
+    def needs(self):
+        return self._inner.needs
+
+    def observe(self, obs):
+        return self._inner.observe(obs)
+
+    def observe_bytes(self, **shape: int) -> int:
+        return self._inner.observe_bytes(**shape)
+
+    def prepare(self, tokenizer, model=None) -> None:
+        self._inner.prepare(tokenizer, model)
+
+    def scoring_passes(self, context: list[int]) -> list:
+        return self._inner.scoring_passes(context)
+
+    def pass_width(self, length: int) -> int:
+        return self._inner.pass_width(length)
+
+    def pass_bytes(self, **shape: int) -> int:
+        return self._inner.pass_bytes(**shape)
+
+    def pass_scores(self, ctx):
+        return self._inner.pass_scores(ctx)

@@ -1,0 +1,68 @@
+"""CriticalKV against the brute-force rules: over ExpectedAttention (use_vnorm off) at compression_ratio 0.5 against
+tests/reference_generate.py's `critical_expected_attention` (proven against kvpress 0.5.5's CriticalKVPress), and
+over SnapKV at kv_size against tests/reference.py's "critical", each in one left-padded batch (kept pairs and
+tokens); its first-stage count (kvpress's) and what it refuses."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from kvbench.engine import generate
+from kvbench.errors import ConfigError
+from kvbench.policies import Critical
+from tests import reference_generate as G
+from tests.policies.test_scored import (
+    NEW,
+    PROMPTS,
+    _ref_model,
+    assert_traces_match,
+    reference,
+    run_engine,
+    spec_of,
+)
+
+
+def test_over_expected_attention_keeps_the_kvpress_rules_pairs_and_tokens_at_batch_4(tiny_llama):
+    policy = Critical(compression_ratio=0.5, inner="expected_attention", inner_args={"use_vnorm": False})
+    kept = []
+
+    def observer(event, cache):
+        if event == "evict":
+            kept.append([[[[p for p in h if p >= 0] for h in cache.kept_positions(la, b).tolist()]
+                          for la in range(cache.num_layers)] for b in range(len(PROMPTS))])
+
+    out = generate(tiny_llama.model, tiny_llama.tokenizer, PROMPTS, policy, len(PROMPTS), max_new_tokens=NEW,
+                   eos_token_ids=[], observer=observer)
+    assert len(kept) == 1
+    for b, p in enumerate(PROMPTS):
+        tokens, want = G.generate(_ref_model("llama"), p, NEW, "critical_expected_attention", 0.5)
+        assert kept[0][b] == want, b
+        assert out.token_ids[b] == tokens, b
+
+
+def test_over_snapkv_keeps_the_rules_pairs_and_tokens_at_batch_4(tiny_llama):
+    policy = Critical(kv_size=32, inner_args={"window": 8})  # prompts 70, 24, 45, 13: two compress
+    refs = [reference("llama", tuple(p), spec_of(policy)) for p in PROMPTS]
+    snap = reference("llama", tuple(PROMPTS[0]), dataclasses.replace(spec_of(policy), rule="snapkv"))
+    assert refs[0].final != snap.final  # the rescaling changes what SnapKV alone keeps
+    assert_traces_match(refs, *run_engine(tiny_llama, PROMPTS, policy, 4)[:3])
+
+
+def test_first_stage_is_kvpress_count():
+    n = torch.tensor([1000, 13, 1, 7]).view(1, 4, 1, 1)
+    for r in (0.25, 0.5, 0.75):
+        got = Critical(compression_ratio=r).first_stage(n).flatten().tolist()
+        assert got == [max(1, int((1 - r) * k * 0.5)) for k in (1000, 13, 1, 7)]
+    assert Critical(kv_size=33).first_stage(n).flatten().tolist() == [16] * 4
+
+
+@pytest.mark.parametrize("keys", [{"schedule": "decode_only"}, {"schedule": "prefill_and_decode"},
+                                  {"head_budget": "adaptive"}, {"inner": "chunkkv"}, {"inner": "critical"},
+                                  {"inner": "pyramidkv"}, {"inner_args": {"nope": 1}}, {"first_stage_ratio": 2}])
+def test_refusals_name_their_key(keys):
+    with pytest.raises(ConfigError) as e:
+        Critical(**keys)
+    assert e.value.key == f"policy.{next(iter(keys))}"
