@@ -108,5 +108,5 @@ def cache_bytes(s: ModelShape, B: int, L: int, slots: int, policy, window: int |
     return KVCache.nbytes_for(
         batch_size=B, num_layers=L, num_kv_heads=s.kv_heads, head_dim=s.head_dim, capacity=slots, dtype=s.dtype,
         track_attention=policy.needs.attention, num_q_heads=s.q_heads, query_window=policy.needs.queries,
-        rerotate=policy.rerotate and policy.evicts, window=window,
+        rerotate=policy.rerotate and policy.evicts, window=window, quant=s.kv_quant,
     )
