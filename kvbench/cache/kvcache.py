@@ -12,8 +12,8 @@ cache weakly, so a cache forms no reference cycle and is freed by reference coun
 from __future__ import annotations
 
 import functools
-from functools import partial
 import weakref
+from functools import partial
 from typing import ClassVar
 
 import torch
