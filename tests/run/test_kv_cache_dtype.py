@@ -62,3 +62,21 @@ def test_the_search_finds_a_larger_batch_for_int4(tmp_path):
              for name, extra in (("auto", []), ("int4", INT4))}
     assert found["auto"]["first_oom_batch_size"] is not None  # the limit bites within the candidates
     assert found["int4"]["max_batch_size"] > found["auto"]["max_batch_size"] >= 1, found
+
+
+def test_the_plan_shows_the_larger_batch_for_int4(tmp_path):
+    """kvbench-plan (a meta model, no weights) charges the same quantized account: at one limit its Batch-Max row
+    finds a larger batch with int4 than in the model's dtype, and its record names the cache's dtype."""
+    from kvbench import capacity
+
+    common = ["model=tiny-llama", "model.layers=32", "task.n_samples=32", "task.context_tokens=400",
+              "gen.max_new_tokens=4", "policy=batch_max", "policy.kv_size=256", "policy.evict_every=16",
+              "search.candidates=[1,2,3,4,6,8,12,16,24,32]", "device=cpu", "memory.limit_gb=0.02",
+              "plan.backends=[sdpa]", "plan.kv_sizes=[256]", f"results_dir={tmp_path}"]
+    best = {}
+    for name, extra in (("auto", []), ("int4", INT4)):
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            rec = capacity.plan(compose("config", overrides=[*common, *extra]))
+        assert rec["plan"]["kv_cache_dtype"] == name
+        best[name] = next(r["max_batch_size"] for r in rec["plan"]["rows"] if r["policy"] == "batch_max")
+    assert best["int4"] > best["auto"] >= 1, best
