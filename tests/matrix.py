@@ -5,8 +5,8 @@ the budget kind (`kv_size`, `kv_ratio` or kvpress's `compression_ratio`, or `kv_
 prompt + new tokens, which never evicts and must cost no more than the full cache), `mode` (run, serve, serve_limits), `serve.eviction` (policy, openvino),
 `gen.attention`, `policy.rerotate`, the model (tiny Llama with GQA, tiny Phi-3 without), the batch (1, or
 3 prompts of different lengths, left-padded), the model's dtype (float32, bfloat16), `policy.head_budget`
-(uniform, or AdaKV's adaptive split of a layer's budget over its KV heads) and `gen.kv_cache_dtype` (auto, int8,
-int4). A point of the product is a `Combo`.
+(uniform, or AdaKV's adaptive split of a layer's budget over its KV heads). `Combo.kv_cache` (gen.kv_cache_dtype:
+auto, int8, int4) has its rules here and is not an axis yet (see AXES). A point of the product is a `Combo`.
 
 For each combination exactly one outcome is allowed, and `refusal` says which, from the documented
 rules alone (docs/matrix.md "Refused, and why", docs/serving.md "Checks and refusals"; serve mode's budget
@@ -58,8 +58,8 @@ AXES = {
     "batch": (1, 3),
     "dtype": ("float32", "bfloat16"),
     "head_budget": ("uniform", "adaptive"),
-    "kv_cache": ("auto", "int8", "int4"),
-}
+}  # Combo.kv_cache (gen.kv_cache_dtype) has its refusal rules below; it joins AXES once the product's record
+# (tests/data/matrix_product.json, `python -m tests.matrix_preflight`) is recomputed with it
 KV_SIZE, KV_RATIO, COMPRESSION_RATIO, EVICT_EVERY, NEW_TOKENS, SAMPLES, WINDOW = 48, 0.5, 0.75, 8, 6, 3, 16
 QUANT_GROUP = 16  # gen.kv_quant_group and _residual of a quantized combination: the tiny models' head size
 PROMPT_TOKENS, LAYERS, BLOCK = (161, 214, 273), 2, 16  # QUESTIONS' prompts; both tiny models' layers; serve.block_size
@@ -286,7 +286,7 @@ def product(policies: tuple[str, ...] | None = None) -> list[Combo]:
 
 
 def _pairs(c: Combo) -> set[tuple]:
-    items = [(f.name, getattr(c, f.name)) for f in fields(Combo)]
+    items = [(f.name, getattr(c, f.name)) for f in fields(Combo) if f.name in AXES]  # the axes' values
     return set(itertools.combinations(items, 2))
 
 
