@@ -16,6 +16,7 @@ Batches are left-padded like generation's; returns (sum of log-probabilities, ev
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -24,7 +25,9 @@ from kvbench.attention import SCORE_CHUNK, kv_attention, resolve_backend
 from kvbench.budgets import head_rule, knobs
 from kvbench.cache import KVCache
 from kvbench.cache.evict import trim_windows
-from kvbench.engine import Batch, evict_before_forward, pad_id
+from kvbench.engine import Batch, pad_id
+from kvbench.engine.evictions import execute
+from kvbench.errors import ConfigError
 from kvbench.models.compat import cache_kwarg
 from kvbench.models.geometry import model_geometry
 from kvbench.policies.base import Policy
@@ -68,9 +71,9 @@ def _score_batch(model, ids: list[list[int]], n_cont: list[int], policy: Policy,
         return model(**kw, logits_to_keep=keep).logits if keep else base(**kw)
 
     try:
-        for r in batch.chunks:
-            evict_before_forward(cache, r, policy, True, None)
-            forward(batch.chunk_ids(r, int(r.max())), r, 0)
+        for planned in itertools.islice(batch.plan, len(batch.chunks)):  # the context's forwards, each after the
+            execute(cache, planned, policy, None)  # actions the plan puts before it
+            forward(batch.chunk_ids(planned.tokens, planned.width), planned.tokens, 0)
         q = batch.question
         compress_for_reading(cache, q, policy)
         width = int(q.max())
@@ -92,11 +95,13 @@ def continuation_logprobs(model, ids: Sequence[Sequence[int]], n_cont: Sequence[
     `n_cont` the continuation's length (>= 1, and the context >= 1 token)."""
     if any(n < 1 or len(x) - n < 1 for x, n in zip(ids, n_cont, strict=True)):
         raise ValueError("a request needs at least one context and one continuation token")
+    if policy.no_loglikelihood:
+        raise ConfigError("policy", f"{policy.name} does not run on log-likelihood requests: {policy.no_loglikelihood}")
     geometry = model_geometry(model)
     pad = pad_id(model, tokenizer) if tokenizer is not None else 0
     backend = resolve_backend(attention, model, policy.needs.attention, head_rule(policy).uneven)
     out: list[tuple[float, bool]] = []
-    with kv_attention(model):
+    with kv_attention(model, hidden=policy.needs.hidden):
         for s in range(0, len(ids), batch_size):
             out += _score_batch(model, [list(x) for x in ids[s:s + batch_size]], list(n_cont[s:s + batch_size]),
                                 policy, pad, geometry, prefill_chunk, backend, score_chunk)

@@ -103,12 +103,13 @@ def own_keys(name: str) -> tuple[str, ...]:
 NOT_USED = {"full": COMMON_KEYS,  # it never evicts
             "extreme_decode": ("kv_ratio", "compression_ratio", "evict_every", "schedule")}  # Algorithm 2 fixes them
 # sweeps over the policies with keys some use and some do not (values away from every policy's default); each
-# leaves out the policies that refuse one of its values (pyramidkv: rerotate; extreme_decode: protection > 1 pair)
+# leaves out the policies that refuse one of its values (pyramidkv, kvzip: rerotate; extreme_decode: protection > 1)
 SWEEPS = {
     "budget-knobs": (POLICIES, {"kv_size": 48, "evict_every": 8, "schedule": "after_prefill", "window": 16, "kernel": 3,
                                 "pooling": "max", "pool_window": True, "beta": 2, "budget_rule": "window_plus",
                                 "seed": 1, "per_kv_head": True}),
-    "kv_ratio-rerotate": (tuple(p for p in POLICIES if p != "pyramidkv"), {"kv_ratio": KV_RATIO, "rerotate": True}),
+    "kv_ratio-rerotate": (tuple(p for p in POLICIES if p not in ("pyramidkv", "kvzip", "kvzip_plus")),
+                          {"kv_ratio": KV_RATIO, "rerotate": True}),  # kvzip: global head budgets, no shared rotary
     "compression-protect": (tuple(p for p in POLICIES if p != "extreme_decode"),
                             {"compression_ratio": COMPRESSION_RATIO, "protect_first": 2, "protect_recent": 2}),
 }
@@ -207,6 +208,10 @@ def write_mirror(root: Path) -> Path:
     return root
 
 
+# policies defined only as one compression of the whole prompt (docs/policies.md says why for each)
+AFTER_PREFILL_ONLY = ("lagkv", "chunkkv")
+
+
 def violations(c: Combo) -> list[tuple[str, ...]]:
     """The documented refusals this combination meets: for each, the keys its one-line message may name."""
     out = []
@@ -219,6 +224,10 @@ def violations(c: Combo) -> list[tuple[str, ...]]:
         out.append(("policy.schedule",))  # Algorithm 2 is decoding-only
     if c.policy == "extreme_decode" and per_prompt:
         out.append((f"policy.{c.budget}",))  # it keeps one pair, whatever the prompt
+    if c.policy in AFTER_PREFILL_ONLY and c.schedule != "after_prefill":
+        out.append(("policy.schedule",))  # its rule reads the whole prompt at once
+    if c.policy == "chunkkv" and c.head_budget == "adaptive":
+        out.append(("policy.head_budget",))  # every KV head keeps the same chunks
     if c.policy == "pyramidkv" and c.rerotate:
         out.append(("policy.rerotate",))  # rotary positions are shared by layers of different budgets
     if c.preset:  # OpenVINO's preset: serving modes, H2O's accumulated attention, its own areas and schedule
@@ -230,6 +239,15 @@ def violations(c: Combo) -> list[tuple[str, ...]]:
             out.append(("policy.schedule",))
         if c.policy == "h2o" and per_prompt:
             out.append((f"policy.{c.budget}",))
+    if getattr(registry()[c.policy].needs, "passes", False):  # KVzip: the whole context reconstructed once, after prefill
+        if c.schedule != "after_prefill":
+            out.append(("policy.schedule",))
+        if c.head_budget == "adaptive":
+            out.append(("policy.head_budget",))  # its own ranking (global or layerwise)
+        if c.rerotate:
+            out.append(("policy.head_budget", "policy.rerotate"))  # heads of different counts
+        if c.serving and c.evicts:
+            out.append(("mode",))  # no scoring pass in serve mode
     if c.head_budget == "adaptive":
         if c.policy in ("full", "window", "streaming_llm", "extreme_decode"):
             out.append(("policy.head_budget",))  # no score to split a layer's budget by (full: no budget)

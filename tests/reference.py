@@ -25,6 +25,8 @@ Plain and slow on purpose, for the tests only. Nothing from kvbench is imported:
       "newest"  (window, StreamingLLM)  pos
       "knorm"                minus the key's L2 norm
       "keydiff"              minus the cosine of the key to the mean of the head's unit keys
+      "chunkkv"              ChunkKV over SnapKV: whole chunks by the mean of SnapKV's head-summed score
+      "lagkv"                LagKV's rank of each pair in its partition (tests/reference_methods.py)
       "random"               a 31-bit integer hash of (seed, layer, head, last, pos), top 24 bits
       "snapkv"               per query head: the last `window` queries processed (kept in a
                              per-layer history, RoPE applied) attend, causally, over the pairs held;
@@ -55,6 +57,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from tests.reference_methods import lagkv as lagkv_scores
+
 
 @dataclass
 class Pair:
@@ -83,6 +87,9 @@ class Spec:
     pooling: str = "max"
     layer_kv: tuple[int, ...] | None = None  # per-layer budgets (PyramidKV); None: kv_size in every layer
     pool_window: bool = False  # snapkv: pool over the window's own pairs too
+    n_sink: int = 4  # lagkv
+    lag: int = 128  # lagkv
+    chunk: int = 0  # chunkkv: the chunk length (its inner score: snapkv's, with window, kernel, pooling)
     head_floor: float | None = None  # AdaKV (after_prefill): a layer's k x H pairs by score over its heads,
     # each head its int(k x head_floor) best first (kvpress's AdaKVPress); None: k pairs in every head
 
@@ -92,7 +99,13 @@ class Spec:
 POLICY_RULES = {"full": None, "window": "newest", "streaming_llm": "newest", "extreme_decode": "newest",
                 "batch_max": "average", "h2o": "sum", "tova": "last_layer", "knorm": "knorm", "keydiff": "keydiff",
                 "random": "random", "snapkv": "snapkv", "pyramidkv": "snapkv",
-                "vatp": "vatp"}
+                "vatp": "vatp", "lagkv": "lagkv", "chunkkv": "chunkkv",
+                "kvzip": "kvzip", "kvzip_plus": "kvzip",
+                "expected_attention": "expected_attention", "kvzap": "kvzap"}
+# a rule of tests/reference_generate.py's METHODS (compressed once after prefill): its parameters from the policy's
+METHOD_PARAMS = {"kvzip": lambda p: dict(chunk=p.chunk_size, layerwise=p.head_budget == "layerwise"),
+                 "kvzip_plus": lambda p: dict(chunk=p.chunk_size, layerwise=p.head_budget == "layerwise", plus=True)}
+HIDDEN_RULES = {"expected_attention", "kvzap"}  # rules that read each layer's input hidden states (recorded while they run)
 
 
 @dataclass
@@ -266,6 +279,33 @@ def snapkv_scores(ref: ReferenceModel, pairs_per_head: list[list[Pair]], history
     return out
 
 
+def chunkkv_scores(ref, heads: list[list[Pair]], spec: Spec, last: int, history) -> list[list[float]]:
+    """ChunkKV over SnapKV: SnapKV's scores, its window's pairs raised to the layer's largest score (kvpress's
+    SnapKVPress); summed over the KV heads; a chunk (`spec.chunk` pairs from the first, the last partial) scores
+    its pairs' mean, the newest chunk infinity; every pair its chunk's score. Shorter than a chunk: SnapKV's."""
+    inner = snapkv_scores(ref, heads, history, spec)
+    top = max(v for row in inner for v in row)
+    inner = [[top if pr.pos > last - spec.window else v for pr, v in zip(pairs, row, strict=True)]
+             for pairs, row in zip(heads, inner, strict=True)]
+    n, c = len(heads[0]), spec.chunk
+    if n < c:
+        return inner
+    summed = [sum(row[i] for row in inner) for i in range(n)]
+    value = [sum(summed[j:j + c]) / len(summed[j:j + c]) for j in range(0, n, c)]
+    value[-1] = float("inf")
+    return [[value[i // c] for i in range(n)] for _ in heads]
+
+
+def chunk_keep(n: int, spec: Spec) -> int:
+    """ChunkKV's kept pairs for a prompt of n: max(1, kv_size // chunk) whole chunks, the newest (maybe partial)
+    among them; shorter than a chunk: kv_size."""
+    c = spec.chunk
+    if n < c:
+        return spec.kv_size
+    chunks = -(-n // c)
+    return min(n, (max(1, spec.kv_size // c) - 1) * c + n - (chunks - 1) * c)
+
+
 def layer_scores(ref, layer: int, heads: list[list[Pair]], spec: Spec, last: int, history) -> list[list[float]]:
     """The score of every pair of one layer, per KV head, under `spec.rule` (higher = keep)."""
     rule = spec.rule
@@ -283,9 +323,33 @@ def layer_scores(ref, layer: int, heads: list[list[Pair]], spec: Spec, last: int
             anchor = torch.stack(unit).mean(0)
             out.append([-float((u @ anchor / anchor.norm()).float()) for u in unit])  # float32, like knorm
         return out
+    if rule == "chunkkv":
+        return chunkkv_scores(ref, heads, spec, last, history[layer])
+    if rule == "lagkv":  # kvpress's LagKVPress, as tests/reference_methods.py states it
+        return lagkv_scores(ref, heads, spec.n_sink, spec.lag)
+    if rule == "expected_attention":  # tests/reference_methods.py's rule over every hidden state seen so far
+        from tests.reference_methods import expected_attention
+
+        return expected_attention(ref, layer, heads, ref.hidden[layer])
+    if rule == "kvzap":  # tests/reference_methods.py's rule with the random MLP scorer kvzap's tests use (seed 0)
+        from tests.reference_methods import kvzap
+
+        return kvzap(*_tiny_kvzap(ref), layer, heads, ref.hidden[layer])
     if rule == "random":
         return [[random_score(spec.seed, layer, g, last, pr.pos) for pr in pairs] for g, pairs in enumerate(heads)]
     return [[_score(pr, rule, last) for pr in pairs] for pairs in heads]
+
+
+def _tiny_kvzap(ref) -> tuple[dict, dict]:
+    """(config, weights) of the random KVzap scorer kvbench builds for a model with no name (its tiny ones)."""
+    from types import SimpleNamespace
+
+    from kvbench.artifacts.kvzap_scorer import tiny_scorer
+
+    shape = SimpleNamespace(hidden_size=ref.layers[0]["wo"].shape[0], num_key_value_heads=ref.Hkv,
+                            num_hidden_layers=len(ref.layers))
+    s = tiny_scorer(shape, hidden_dim=8)
+    return s.config(), {k: v.detach() for k, v in s.state_dict().items()}
 
 
 def _score(pr: Pair, rule: str, last: int) -> float:
@@ -347,6 +411,17 @@ def kept(cache) -> list[list[list[int]]]:
 
 def generate(ref: ReferenceModel, prompt: list[int], max_new: int, spec: Spec | None) -> Trace:
     """Greedy generation of `max_new` tokens (EOS ignored) under `spec` (None: full cache)."""
+    hidden = spec is not None and spec.rule in HIDDEN_RULES
+    if hidden:  # the hidden states entering each layer's attention, recorded while it runs
+        ref.hidden = [[] for _ in ref.layers]
+    try:
+        return _generate(ref, prompt, max_new, spec)
+    finally:
+        if hidden:
+            ref.hidden = None
+
+
+def _generate(ref: ReferenceModel, prompt: list[int], max_new: int, spec: Spec | None) -> Trace:
     cache = ref.new_cache()
     history = ref.new_history()
     trace = Trace(tokens=[])
@@ -383,8 +458,9 @@ def generate(ref: ReferenceModel, prompt: list[int], max_new: int, spec: Spec | 
     for t in range(1, max_new):
         if spec is not None:
             if spec.schedule == "after_prefill":
-                if t == 1 and size() > spec.kv_size:  # the prompt compressed once, to its budget
-                    do_evict(spec.kv_size, s + t - 1)
+                budget = chunk_keep(s, spec) if spec.rule == "chunkkv" else spec.kv_size
+                if t == 1 and size() > budget:  # the prompt compressed once, to its budget
+                    do_evict(budget, s + t - 1)
             elif spec.schedule == "prefill_and_decode":
                 assert size() <= spec.kv_size
                 if size() == spec.kv_size:  # "if cache holds |kv| pairs: evict p pairs"

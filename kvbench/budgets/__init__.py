@@ -6,7 +6,8 @@ here (a "budget" is always a count of KV pairs; memory is a limit, kvbench.memor
     rule.py            budget rules: `HeadRule` (a layer's pairs over its KV heads, `policy.head_budget`) and
                        `LayerRule` (a sample's budget over its layers, `policy.layer_budget`), found by name
     uniform_heads.py, adaptive_heads.py     the head rules: uniform; AdaKV's split by score
-    uniform_layers.py, pyramid_layers.py   the layer rules: uniform; PyramidKV's pyramid
+    uniform_layers.py, pyramid_layers.py, chunk_layers.py   the layer rules: uniform; PyramidKV's pyramid;
+                       ChunkKV's whole chunks
     room.py            `Budgets`, the (layer x sample x KV head) counts of one batch, read by the cache, the schedule
                        and the memory account
     question.py        query-agnostic runs: the room a compressed context leaves its question

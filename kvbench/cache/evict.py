@@ -114,13 +114,17 @@ def trim_windows(groups, r: torch.Tensor, gather_layers: int) -> None:
             continue
         rows = (g.n + r > g.capacity) & (r > 0)
         if bool(rows.any()):
-            keep = torch.full_like(g.n, g.sliding - 1)
-            keep_newest(g, rows, keep, 0, gather_layers)
-            g.n = torch.where(rows, keep, g.n)
+            trim_window(g, rows, torch.full_like(g.n, g.sliding - 1), gather_layers)
+
+
+def trim_window(g, rows: torch.Tensor, keep: torch.Tensor, gather_layers: int) -> None:
+    """The rows (B,) bool of windowed group `g` keep their newest `keep` (B,) pairs (its window W - 1), by slicing."""
+    keep_newest(g, rows, keep, 0, gather_layers)
+    g.n = torch.where(rows, keep, g.n)
 
 
 def evict(g, rows: torch.Tensor, keep: torch.Tensor, policy: Policy, *, seen: torch.Tensor, qpos: torch.Tensor,
-          scale: float | None, inv_freq: torch.Tensor | None, gather_layers: int) -> torch.Tensor | None:
+          scale: float | None, inv_freq: torch.Tensor | None, gather_layers: int, observer=None) -> torch.Tensor | None:
     """Keep `keep` (B,) pairs of every (layer, head) of the rows (B,) bool of group `g`; counts updated. Under
     adaptive head budgets `keep` is each head's average and the heads' counts (L_g, B', H) are returned (CPU)."""
     n_rows, k_rows = g.n[rows], keep[rows]
@@ -146,7 +150,11 @@ def evict(g, rows: torch.Tensor, keep: torch.Tensor, policy: Policy, *, seen: to
             values=g.held("v", rows, sel, N) if policy.needs.values else None,
             queries=g.q[:, sel] if policy.needs.queries else None,
             query_pos=h["qpos"][None, :, None, :] if policy.needs.queries else None,
-            scale=scale,
+            scale=scale, rotary=None if observer is None else observer.rotary,
+            pair={k[4:]: x for k, x in t.items() if k.startswith("own:")} or None,
+            state={k: x[:, sel] for k, x in g.rows.items()} or None,
+            modules=None if observer is None else [observer.modules[layer] for layer in g.layers],
+            passed=None if getattr(g, "passed", None) is None else g.passed[:, sel, :, :N],  # a scoring pass's (engine.passes)
         )
         uneven = head_rule(policy).needs_score
         ranked = rank(policy.score(stats), t["pos"], last, h["n"], policy.protect_first, h["recent"])
@@ -161,6 +169,7 @@ def evict(g, rows: torch.Tensor, keep: torch.Tensor, policy: Policy, *, seen: to
                           ragged=bool((k_rows != k_rows.max()).any()), ranked=True)
         del ranked
         held = keep if not uneven else torch.where(rows, 0, keep).index_put((rows,), host.amax(dim=(0, 2)))
+        g.passed = None  # a scoring pass's statistic serves one compression
         gather(g, sel, kept, t, N, gather_layers, inv_freq, rows, held)
         if h["shift"] is not None:  # kept queries follow the newest pairs
             rotate.queries_follow(g, sel, h["shift"][None, :, None, None], inv_freq)

@@ -44,19 +44,19 @@ class KVCache(Cache):
                  dtype: torch.dtype, layer_devices: list[torch.device | str], track_attention: bool = False,
                  gather_layers: int = 4, num_q_heads: int | None = None, query_window: int = 0,
                  rope_inv_freq: torch.Tensor | None = None, budgets: torch.Tensor | None = None, windows=None,
-                 bands=None, linear=(), quant=None):
+                 bands=None, linear=(), quant=None, observer=None):
         self.batch_size_, self.heads, self.head_dim, self.dtype = batch_size, num_kv_heads, head_dim, dtype
         self.q_heads, self.query_window = num_q_heads or num_kv_heads, query_window
         self.rope_inv_freq = None if rope_inv_freq is None else rope_inv_freq.detach().float().cpu()  # (R/2,)
         self.track_attention, self.gather_layers = track_attention, max(1, gather_layers)
-        self.num_layers = len(layer_devices)
+        self.num_layers, self.observer = len(layer_devices), observer  # a policy's observe step, its own state (sink.Observing)
         self.room = budgets if isinstance(budgets, Budgets) else None  # kvbench.budgets: (L, B, H) counts
         layer = budgets.layer if isinstance(budgets, Budgets) else budgets
         self.budgets = None if layer is None else layer.to(torch.long).cpu()  # (L, B)
         self.linear, self._groups, self._where = linear_state.build(  # layer -> (group, index in it); a hybrid's apart
             layer_devices, list(capacity) if isinstance(capacity, (list, tuple)) else [capacity], self.budgets, windows, bands, linear, self.rope_inv_freq is not None,
             lambda gi, dev, layers, cap, row, w: (Group if quant is None else partial(QuantGroup, quant=quant))(layers, batch_size, num_kv_heads, cap, head_dim, dtype, dev,
-                                                       track_attention, self.q_heads, query_window, budget=row,
+                                                       track_attention, self.q_heads, query_window, budget=row, own=observer and observer.policy.needs,
                                                        rerotate=self.rope_inv_freq is not None, index=gi, sliding=w))
         self.seen = torch.zeros(batch_size, dtype=torch.long, device="cpu")  # real tokens processed per sample (CPU)
         self.qpos = torch.full((batch_size, query_window), -1, dtype=torch.long, device="cpu")  # positions of the kept queries
@@ -153,7 +153,7 @@ class KVCache(Cache):
         sink = self._steps.get(("sink", layer))
         if sink is None:
             g, i = self._where[layer]
-            sink = self._steps[("sink", layer)] = LayerSink(g, i, self.step_for(layer))
+            sink = self._steps[("sink", layer)] = LayerSink(g, i, self.step_for(layer), self.observer)
         return sink
 
     def attention_step(self, backend: str, score_chunk: int) -> StaticStep:
@@ -171,7 +171,7 @@ class KVCache(Cache):
         keep = torch.as_tensor(keep, dtype=torch.long, device="cpu").expand(self.batch_size_)
         for g in [g for g in self._groups if g.sliding is None] if group is None else [group]:  # never a window
             c = eviction.evict(g, rows, keep, policy, seen=self.seen, qpos=self.qpos, scale=g.scale,
-                               inv_freq=self.rope_inv_freq, gather_layers=self.gather_layers)
+                               inv_freq=self.rope_inv_freq, gather_layers=self.gather_layers, observer=self.observer)
             if c is not None and self.room is not None:  # the heads' counts an adaptive eviction chose
                 self.room.set_heads(g.layers, rows, c)
         self.evictions += 1

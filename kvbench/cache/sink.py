@@ -2,23 +2,38 @@
 
 A `LayerSink` is one layer of one group for the current forward: `accumulate` adds the forward's attention
 statistics (sum_w, last_w) to the group's per-slot tensors, `remember` keeps the newest queries (SnapKV's
-observation window, kvbench.cache.window). A windowed group (its layers keep their window, no policy compresses
+observation window, kvbench.cache.window), `observe` hands the forward to the policy's own observe step
+(kvbench.policies.needs: its row state updated in place, its per-pair statistics written at the new pairs' slots).
+A windowed group (its layers keep their window, no policy compresses
 them) collects nothing. The flags say what the layer wants, so attention computes nothing else.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from kvbench.cache import window
+from kvbench.policies.needs import Observation
+
+
+@dataclass
+class Observing:
+    """A policy's observe step over a cache: the policy, each layer's attention module, the model's rotary embedding."""
+
+    policy: object
+    modules: list
+    rotary: object = None
 
 
 class LayerSink:
-    def __init__(self, g, i: int, step):
+    def __init__(self, g, i: int, step, observer=None):
         self.g, self.i, self.step = g, i, step
         self.track = g.sum_w is not None  # attention statistics (scored policies, full-attention groups)
         self.queries = g.q is not None  # the newest queries (a policy's query window)
-        self.observes = False
+        self.observer = observer if g.sliding is None else None  # a policy's observe step (Observing)
+        self.observes = self.observer is not None
 
     def accumulate(self, w_sum: torch.Tensor, w_last: torch.Tensor) -> None:
         """Add a forward's attention statistics (B, H_kv, N) of the layer (pads already excluded)."""
@@ -36,3 +51,16 @@ class LayerSink:
         g, i = self.g, self.i
         g.q[i] = window.remember(g.q[i], self.step.q_src, query)
         g.scale = scaling
+
+    def observe(self, module, query: torch.Tensor, key, value, scaling: float, hidden: torch.Tensor | None) -> None:
+        """The policy's observe step over this forward's new pairs (key/value: the layer's held pairs after the write)."""
+        g, i, st = self.g, self.i, self.step
+        policy, rotary = self.observer.policy, self.observer.rotary
+        k = g.k[i][st.b_idx, :, st.slot].transpose(1, 2)  # (B, H, T, D) the new pairs, as written
+        v = g.v[i][st.b_idx, :, st.slot].transpose(1, 2)
+        state = {n: x[i] for n, x in g.rows.items()}  # (B, *shape) views: updated in place
+        obs = Observation(layer=g.layers[i], module=module, hidden=hidden, positions=st.positions.long(), real=st.real,
+                          query=query, key=k, value=v, scaling=scaling, state=state, rotary=rotary)
+        out = policy.observe(obs) or {}
+        for name, x in out.items():  # (B, H, T) per new pair, into its slot (pads: the scratch slot)
+            g.own[f"own:{name}"][i][st.b_idx, :, st.slot] = x.transpose(1, 2).float()

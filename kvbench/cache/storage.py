@@ -10,6 +10,8 @@ Per group (consecutive layers on one device that share a capacity and a budget r
                                               policy with a `query_window` W (SnapKV)
     k_src, rot     (L_g, B, H_kv, C + 1[, D]) re-rotation only: each key as written and the rotary
                                               position it was written at (int32)
+    own:<name>     (L_g, B, H_kv, C + 1)      a policy's own per-pair statistics (float32, needs.pair_state)
+    rows[name]     (L_g, B, *shape)           a policy's own row state (float32, needs.row_state)
 
 `n` (B,) on the CPU counts the pairs each sample holds in every layer of the group: scheduling
 decisions never sync the device. A group of sliding-window layers (`sliding` W, kvbench.models.family)
@@ -32,7 +34,7 @@ class Group:
     """
 
     def __init__(self, layers, batch, heads, capacity, head_dim, dtype, device, track, q_heads=0, window=0,
-                 budget=None, rerotate=False, index=0, sliding: int | None = None):
+                 budget=None, rerotate=False, index=0, sliding: int | None = None, own=None):
         self.layers = list(layers)
         self.index = index
         self.sliding = sliding  # the layers' sliding window W (None: full attention, the policy's to compress)
@@ -57,6 +59,11 @@ class Group:
         self.scale: float | None = None  # the attention's softmax scale, seen by the first forward that kept queries
         self.k_src = torch.zeros_like(self.k) if rerotate else None  # keys as written (re-rotation's source)
         self.rot = torch.zeros_like(self.pos) if rerotate else None  # the rotary position each was written at
+        # a policy's own state (`own`: its Needs, kvbench.policies.needs: pair_state, row_state)
+        pair, rows = ((), {}) if own is None or sliding is not None else (own.pair_state, own.row_shapes(q_heads, heads, head_dim))
+        self.own = {f"own:{n}": torch.zeros(L, batch, heads, S, dtype=torch.float32, device=self.device) for n in pair}
+        self.rows = {n: torch.zeros(L, batch, *shape, dtype=torch.float32, device=self.device)
+                     for n, shape in rows.items()}
 
     def _pairs(self, L, batch, heads, S, head_dim, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         k = torch.zeros(L, batch, heads, S, head_dim, dtype=dtype, device=self.device)
@@ -83,10 +90,10 @@ class Group:
             t.update(sum_w=self.sum_w, last_w=self.last_w)
         if self.k_src is not None:
             t.update(k_src=self.k_src, rot=self.rot)
-        return t
+        return {**t, **self.own}
 
     def nbytes(self) -> int:
-        extra = [self.q] if self.q is not None else []
+        extra = ([self.q] if self.q is not None else []) + list(self.rows.values())
         return sum(x.numel() * x.element_size() for x in [*self.tensors().values(), *extra])
 
     def write(self, i: int, st, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,7 +128,10 @@ class Group:
             shape[3] = capacity + 1
             y = torch.zeros(shape, dtype=x.dtype, device=x.device)
             y[:, :, :, :keep] = x[:, :, :, :keep]
-            setattr(self, name, y)
+            if name in self.own:
+                self.own[name] = y
+            else:
+                setattr(self, name, y)
             del x
         self.capacity = capacity
 
@@ -160,8 +170,8 @@ def form_groups(layer_devices, capacities: list[int], budgets: torch.Tensor | No
 
 def nbytes_for(*, batch_size: int, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int,
                dtype: torch.dtype, track_attention: bool, num_q_heads: int | None = None, query_window: int = 0,
-               rerotate: bool = False, window: int | None = None) -> int:
+               rerotate: bool = False, window: int | None = None, own=None) -> int:
     """What `allocated_bytes()` reports for such a cache (a group of it with `window`), before building it
     (kvbench.memory's account): built from the same `Group` on the meta device, so the count cannot drift."""
     return Group(range(num_layers), batch_size, num_kv_heads, capacity, head_dim, dtype, "meta", track_attention,
-                 num_q_heads or num_kv_heads, query_window, rerotate=rerotate, sliding=window).nbytes()
+                 num_q_heads or num_kv_heads, query_window, rerotate=rerotate, sliding=window, own=own).nbytes()

@@ -98,6 +98,12 @@ def check_family(cfg: DictConfig, seq_len: int | None = None) -> None:
         kv_quant(cfg.gen, head_dim=k.head_dim)
 
 
+def family_checked(cfg: DictConfig, lengths: list[int] | None) -> bool:
+    """Whether `check_run` checked the policy against the model's family for prompts of these `lengths` (the
+    run then needs no second check once the model is loaded, when its prompts have these lengths)."""
+    return lengths is not None and cfg.mode != "serve_limits" and model_config(cfg) is not None
+
+
 def check_question_room(cfg: DictConfig, lengths: list[int]) -> None:
     """task.query_aware=false: each prompt's question leaves room in every layer the policy compresses, by the
     engine's own rule (kvbench.budgets.question) on the prompt's lengths, each prompt alone (a batch's padding

@@ -1,12 +1,13 @@
 """The batched greedy generator that runs a policy's evicting KV cache.
 
-Rooms: `output` (GenerationOutput), `batch` (one batch's state: prompts, budgets, chunks, cache), `evictions`
-(which groups evict before a forward), `loop` (prefill, decode, `generate_batch`), `entry` (`generate`).
+Rooms: `output` (GenerationOutput), `batch` (one batch's state: prompts, budgets, chunks, cache, its plan:
+kvbench.batch_plan), `evictions` (the plan's actions before a forward, run on the cache), `loop` (prefill, decode,
+`generate_batch`), `entry` (`generate`).
 
 For each batch: right-pad the prompt ids on the CPU, allocate a `KVCache` sized by the batch's budgets (kvbench.budgets),
-run the prefill forwards of `schedule.prefill_chunks` (each preceded by the evictions it needs), then
-decode one token per step, evicting before a step when a sample's cache is full. Every forward gets
-explicit true `position_ids` (RoPE sees real positions after eviction) and prefill materialises no
+run the forwards of the batch's plan (kvbench.batch_plan: the prefill chunks of `schedule.prefill_chunks`,
+then one token per decode step), each preceded by the evictions, window trims and resizes the plan puts before
+it. Every forward gets explicit true `position_ids` (RoPE sees real positions after eviction) and prefill materialises no
 logits except the last position's (`logits_to_keep=1`; intermediate chunks run the decoder only).
 
 Memory: before each batch `generate` computes its accounted peak (`kvbench.memory.account`) and, with a
@@ -40,12 +41,9 @@ counts kept on the CPU, so the syncs per step depend neither on the policy nor o
 
 from kvbench.engine.batch import Batch
 from kvbench.engine.entry import encode, eos_ids, generate, pad_id
-from kvbench.engine.evictions import compress_context, evict_before_forward
+from kvbench.engine.evictions import execute
 from kvbench.engine.loop import EOS_CHECK_EVERY, generate_batch
 from kvbench.engine.output import GenerationOutput
 
-# names before issue 35 (kvbench.continuation, tests/project/test_config_matrix.py import them)
-_Batch, _evict_if_needed, _compress_context = Batch, evict_before_forward, compress_context
-
-__all__ = ["EOS_CHECK_EVERY", "Batch", "GenerationOutput", "compress_context", "encode", "eos_ids",
-           "evict_before_forward", "generate", "generate_batch", "pad_id"]
+__all__ = ["EOS_CHECK_EVERY", "Batch", "GenerationOutput", "encode", "eos_ids", "execute", "generate",
+           "generate_batch", "pad_id"]

@@ -1,18 +1,26 @@
-"""One batch's state: right-padded prompts, its budgets (kvbench.budgets.Budgets), its prefill chunks and the
-evicting cache sized for them."""
+"""One batch's state: right-padded prompts, its budgets (kvbench.budgets.Budgets), its prefill chunks, the
+evicting cache sized for them and the plan of its forwards (kvbench.batch_plan)."""
 
 from __future__ import annotations
 
 import torch
 
+from kvbench.attention.interface import attention_modules
+from kvbench.batch_plan import BatchPlan, Room, prefill_chunks_of
 from kvbench.budgets import Budgets
 from kvbench.cache import KVCache, layer_capacities
+from kvbench.cache.sink import Observing
 from kvbench.errors import ConfigError
-from kvbench.grid import grid_chunks
 from kvbench.models import family
 from kvbench.models.geometry import rope_inv_freq
 from kvbench.policies.base import Policy
-from kvbench.schedule import prefill_chunks
+
+
+def observer_kwargs(model, policy: Policy) -> dict:
+    """A policy's observe step (kvbench.policies.needs): the policy, each layer's attention module, the rotary embedding."""
+    if not policy.needs.observes:
+        return {}
+    return {"observer": Observing(policy, attention_modules(model), getattr(model.get_decoder(), "rotary_emb", None))}
 
 
 class Batch:
@@ -43,9 +51,8 @@ class Batch:
         self.budgets = None if self.room is None else self.room.layer  # (L, B)
         self.full_budgets = None if self.budgets is None or not any(full) else self.budgets[full]  # (L_full, B)
         # (a context of 0 tokens: kvbench.continuation's one-token contexts, all in the question's forward)
-        linear = geometry.get("linear") or []
-        chunks = grid_chunks if linear else prefill_chunks  # a hybrid's linear layers: one grid (kvbench.grid)
-        self.chunks = chunks(self.lengths, policy, prefill_chunk, self.full_budgets) if max(self.lengths) else []
+        linear = geometry.get("linear") or []  # a hybrid's linear layers: one grid (kvbench.grid)
+        self.chunks = prefill_chunks_of(self.lengths, policy, prefill_chunk, self.full_budgets, bool(linear))
         if linear and len(set(self.question.tolist())) > 1:
             raise ConfigError("policy.query_aware", "false needs one question length per batch on a hybrid model "
                               "(a pad between two real tokens would reach its linear-attention state)", False)
@@ -60,15 +67,13 @@ class Batch:
             track_attention=policy.needs.attention,
             query_window=policy.needs.queries,
             rope_inv_freq=rope_inv_freq(model) if policy.rerotate and policy.evicts else None,
-            **{**geometry, "windows": [None if b else w for w, b in zip(geometry["windows"], bands, strict=True)]},
-            bands=bands,
+            **{**geometry, "windows": windows},  # a window never cut: full attention, as budgeted
+            bands=bands, **observer_kwargs(model, policy),
         )
         self.pad_id = pad_id
-
-    @property
-    def plan(self) -> list[torch.Tensor]:
-        """The prefill chunks under their name before issue 35."""
-        return self.chunks
+        # every forward and the evictions, trims and resizes before it (kvbench.batch_plan), on the cache's groups
+        self.plan = BatchPlan(policy, [Room(g.capacity, g.budget, g.sliding) for g in self.cache.groups], self.chunks,
+                              new, self.question, heads, B)
 
     def chunk_ids(self, r: torch.Tensor, width: int) -> torch.Tensor:
         """(B, width) ids: sample b's next r_b prompt tokens right-aligned, pads to the left."""

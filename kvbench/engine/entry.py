@@ -54,7 +54,9 @@ def generate(
     kvbench.engine; `attention`: auto | sdpa | flash | eager | fused (kvbench.attention; the backend really
     used is `out.attention`, and the account charges its transient); `question_tokens`: per prompt, its last
     tokens that are the question, prefilled after the context's compression (query-agnostic); `kinds`: the
-    model's attention kinds (kvbench.models.family) when the caller has read them (`LoadedModel.kinds`);
+    model's attention kinds (kvbench.models.family) when the caller has read them and checked them against this
+    policy and sequences at least this long (`family.check_policy`, as `kvbench.run` does once per run; None:
+    read and checked here);
     `kv_quant`: K/V stored quantized (kvbench.quant.qconfig.KVQuant; never with flash: auto resolves to SDPA). A
     backend that cannot run the policy raises kvbench.attention.UnsupportedBackend.
     """
@@ -62,8 +64,9 @@ def generate(
         list(p) for p in prompts]
     if any(len(x) == 0 for x in ids):
         raise ValueError("empty prompt")
-    # a refused family or an unsuitable policy: ConfigError; the model's kinds read once, here or by the caller
-    kinds = family.check_policy(model.config, policy, max(map(len, ids)) + max_new_tokens, kinds)
+    if kinds is None:  # a refused family or an unsuitable policy: ConfigError (else the caller checked, once per run)
+        kinds = family.check_policy(model.config, policy, max(map(len, ids)) + max_new_tokens)
+    policy.prepare(tokenizer)  # ids a policy derives from the tokenizer, once per run (KVzip's template)
     if eos_token_ids is None:
         eos_token_ids = eos_ids(model, tokenizer)
     pad = pad_id(model, tokenizer)
@@ -77,10 +80,11 @@ def generate(
     accounts: dict[tuple, memory.Account] = {}  # by the batch's lengths, computed before the clock starts
 
     def account(batch: list[list[int]], question: list[int]) -> memory.Account:
-        key = tuple(len(x) - n for x, n in zip(batch, question, strict=True)) + (max(question),)
-        if key not in accounts:  # query-agnostic: the question accounted as generated tokens
-            accounts[key] = memory.account(shape, list(key[:-1]), policy, max_new_tokens=max_new_tokens + key[-1],
-                                           prefill_chunk=prefill_chunk, score_chunk=score_chunk, attention=backend)
+        key = (tuple(len(x) - n for x, n in zip(batch, question, strict=True)), tuple(question))
+        if key not in accounts:  # query-agnostic: the contexts' lengths and the questions', as the batch plans them
+            accounts[key] = memory.account(shape, list(key[0]), policy, max_new_tokens=max_new_tokens,
+                                           prefill_chunk=prefill_chunk, score_chunk=score_chunk, attention=backend,
+                                           question=list(question) if any(question) else None)
         return accounts[key]
 
     def run(batch: list[list[int]], question: list[int]) -> tuple[list[list[int]], dict]:
@@ -95,7 +99,7 @@ def generate(
                               question_tokens=question, attention=backend, score_chunk=score_chunk,
                               kv_quant=kv_quant)
 
-    with kv_attention(model):
+    with kv_attention(model, hidden=policy.needs.hidden):
         if warmup:
             run(*batches[0])  # untimed, not counted
         for batch, question in batches:  # the accounts' replay is not part of wall_s

@@ -13,7 +13,8 @@ from kvbench.attention import SCORE_CHUNK
 from kvbench.cache import KVCache
 from kvbench.cache.layout import right_aligned, to_device
 from kvbench.engine.batch import Batch
-from kvbench.engine.evictions import compress_context, evict_before_forward
+from kvbench.engine.evictions import execute
+from kvbench.engine.passes import run_passes
 from kvbench.models.compat import cache_kwarg
 from kvbench.models.geometry import model_geometry
 from kvbench.policies.base import Policy
@@ -55,37 +56,38 @@ class Forward:
         return out
 
 
-def prefill(batch: Batch, policy: Policy, forward: Forward, observer, max_new_tokens: int) -> torch.Tensor:
-    """The prompt's forwards (and the question's, query-agnostic); returns the first generated token (B,)."""
-    cache, chunks = batch.cache, batch.chunks
-    q = batch.question if bool(batch.question.any()) else None
-    for k, r in enumerate(chunks):
-        evict_before_forward(cache, r, policy, True, observer)
-        out = forward(batch.chunk_ids(r, int(r.max())), r, logits=q is None and k == len(chunks) - 1)
-    if q is not None:  # query-agnostic: compress the context, then prefill the question, never evicted before
-        compress_context(cache, q, policy, observer, max_new_tokens)
-        out = forward(batch.chunk_ids(q, int(q.max())), q, logits=True)
+def prefill(batch: Batch, plan, policy: Policy, forward: Forward, observer) -> torch.Tensor:
+    """The prompt's forwards (and the question's, query-agnostic), each after the actions the plan puts before it;
+    returns the first generated token (B,)."""
+    out, passes = None, policy.needs.passes and policy.evicts  # the policy's scoring passes: at its compression point
+    while out is None:  # the plan's prefill steps: the last one (the prompt's, or the question's) makes logits
+        step = next(plan)
+        if passes and step.kind == "question":  # query-agnostic: over the context, before it is compressed
+            run_passes(batch, policy, forward)
+            passes = False
+        execute(batch.cache, step, policy, observer)
+        out = forward(batch.chunk_ids(step.tokens, step.width), step.tokens, logits=step.logits)
+    if passes:  # after the prompt's prefill, before the first decode step's compression
+        run_passes(batch, policy, forward)
     return out.argmax(-1).to(forward.dev)  # (B,) the logits are not kept alive through the decode loop
 
 
-def decode(batch: Batch, policy: Policy, forward: Forward, observer, first: torch.Tensor, n_tokens: int,
-           eos: torch.Tensor, pad_token_id: int, ignore_eos: bool, max_new_tokens: int
-           ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Decode up to `n_tokens` tokens from `first` (B,); returns (tokens (B, steps) on the CPU, alive mask or None)."""
-    cache, dev, B = batch.cache, forward.dev, len(batch.lengths)
-    agnostic = bool(batch.question.any())
+def decode(batch: Batch, plan, policy: Policy, forward: Forward, observer, first: torch.Tensor, n_tokens: int,
+           eos: torch.Tensor, pad_token_id: int, ignore_eos: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Decode up to `n_tokens` tokens from `first` (B,), each step after the actions the plan puts before it;
+    returns (tokens (B, steps) on the CPU, alive mask or None)."""
+    dev, B = forward.dev, len(batch.lengths)
     done = torch.zeros(B, dtype=torch.bool, device=dev)
     next_tok, steps = first, [first]
     alive = [torch.ones(B, dtype=torch.bool, device=dev)]
-    ones = torch.ones(B, dtype=torch.long, device="cpu")
     for i in range(1, n_tokens):
         if not ignore_eos:
             done = done | torch.isin(next_tok, eos)
             if i % EOS_CHECK_EVERY == 0 and bool(done.all()):  # a device sync: every EOS_CHECK_EVERY steps only
                 break
-        evict_before_forward(cache, ones, policy, False, observer, first_decode=len(steps) == 1 and not agnostic,
-                             max_new_tokens=max_new_tokens)
-        nxt = forward(next_tok[:, None], ones, logits=True).argmax(-1).to(dev)  # the logits die here
+        step = next(plan)
+        execute(batch.cache, step, policy, observer)
+        nxt = forward(next_tok[:, None], step.tokens, logits=True).argmax(-1).to(dev)  # the logits die here
         if not ignore_eos:
             nxt = torch.where(done, torch.full_like(nxt, pad_token_id), nxt)
             alive.append(~done)
@@ -128,12 +130,12 @@ def run_batch(batch: Batch, policy: Policy, forward: Forward, max_new_tokens, eo
     eos = torch.tensor(list(eos_token_ids), dtype=torch.long, device=dev)
     sync(dev)
     t0 = time.perf_counter()
-    first = prefill(batch, policy, forward, observer, max_new_tokens)
+    plan = iter(batch.plan)
+    first = prefill(batch, plan, policy, forward, observer)
     sync(dev)
     t1 = time.perf_counter()
     n_tokens = max_new_tokens if decode_steps is None else min(max_new_tokens, 1 + decode_steps)
-    tokens, alive = decode(batch, policy, forward, observer, first, n_tokens, eos, pad_token_id, ignore_eos,
-                           max_new_tokens)
+    tokens, alive = decode(batch, plan, policy, forward, observer, first, n_tokens, eos, pad_token_id, ignore_eos)
     sync(dev)
     t2 = time.perf_counter()
     tokens = tokens.cpu()  # (B, steps)
@@ -146,7 +148,8 @@ def run_batch(batch: Batch, policy: Policy, forward: Forward, max_new_tokens, eo
     sections = cache.timer.totals()  # after the final sync: CUDA events are read without stalling the loop
     return result, dict(
         prefill_s=t1 - t0, decode_s=t2 - t1, evict_s=sections.get("evict", 0.0),
-        attn_stats_s=sections.get("attn_stats", 0.0), generated_tokens=generated,
+        attn_stats_s=sections.get("attn_stats", 0.0), score_pass_s=sections.get("score_pass", 0.0),
+        generated_tokens=generated,
         peak_kv_bytes=cache.peak_kv_bytes, kv_allocated_bytes=allocated,
         budgets=batch.full_budgets,  # (L_full, B) the budgets the compressed layers held, None for the full cache
     )

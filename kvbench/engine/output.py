@@ -18,6 +18,7 @@ class GenerationOutput:
     evict_s: float = 0.0  # inside evictions (and decode_only's resize), prefill and decode (kvbench.timing)
     attn_stats_s: float | None = 0.0  # the separate statistics pass (scored policies, sdpa/flash); None when the
     # backend computes the statistics from the output's own probabilities (eager, fused): not separable
+    score_pass_s: float = 0.0  # a policy's scoring passes (KVzip's reconstruction), part of prefill_s
     generated_tokens: int = 0  # tokens the batches produced (finished samples' pad steps excluded)
     peak_kv_bytes: int = 0  # most KV bytes held at once (kept pairs)
     kv_allocated_bytes: int = 0  # largest cache allocation (slots, positions, statistics)
@@ -44,6 +45,7 @@ class GenerationOutput:
         self.decode_s += stats["decode_s"]
         self.evict_s += stats["evict_s"]
         self.attn_stats_s += stats["attn_stats_s"]
+        self.score_pass_s += stats.get("score_pass_s", 0.0)
         self.generated_tokens += stats["generated_tokens"]
         self.peak_kv_bytes = max(self.peak_kv_bytes, stats["peak_kv_bytes"])
         self.kv_allocated_bytes = max(self.kv_allocated_bytes, stats["kv_allocated_bytes"])

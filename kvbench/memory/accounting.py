@@ -1,4 +1,4 @@
-"""The accounted peak of a batch: replay its schedule on counts, charge the largest term per device.
+"""The accounted peak of a batch: fold the plan the engine executes, charge the largest term per device.
 
 Pure: a `ModelShape`, the prompts' lengths, a policy and the generation settings in; an `Account` out.
 Nothing is allocated and no model is needed, so the same account admits a batch before it runs
@@ -12,10 +12,10 @@ I MLP width, V vocabulary, Hq / H query / KV heads, D head dim, L layers on the 
     KV cache    (+ a hybrid's linear-attention states, B x their bytes per sequence: `kvbench.memory.state`)
                 the preallocated cache, exact: `KVCache.nbytes_for` (K, V, positions, statistics), per
                 group of layers (`kvbench.cache.storage.form_groups`: per-layer budgets give each layer its own
-                capacity; sliding-window layers hold W - 1 + the widest forward, their trims replayed like
+                capacity; sliding-window layers hold W - 1 + the widest forward, their trims planned like
                 evictions)
     transient   the largest of (`kvbench.memory.terms`)
-      forward of T tokens over N keys (every forward of the batch, replayed on counts, EOS ignored):
+      forward of T tokens over N keys (every forward of the batch's plan, EOS changes no count):
           4·B·T·h·e hidden states (embeddings output, layer input, residual, normed input)
         + 2·B·T·D·e RoPE cos/sin + B·T·N mask (bool) + B·(s + 4·T)·8 token ids and positions
         + the largest of: MLP 3·B·T·I·e (4 with Phi-3's fused gate_up);
@@ -52,7 +52,7 @@ I MLP width, V vocabulary, Hq / H query / KV heads, D head dim, L layers on the 
           + the larger of (the scores, sort and gather above) and (the policy's own score computation,
           `Policy.score_bytes`, e.g. SnapKV's window logits, + its result)
       decode_only resize: the kv_size-slot cache, built while the prompt-sized one is alive
-Per-sample budgets (kv_ratio) and per-layer ones (PyramidKV) are replayed group by group: a forward's
+Per-sample budgets (kv_ratio) and per-layer ones (PyramidKV) are planned group by group: a forward's
 N is the largest group's, its masks are one per group (B·T·N_g each), an eviction of a group is charged
 with that group's layers, and keep is the largest kept count of its rows (the gather's width).
 Each device of a `device_map` split is charged the whole transient (an upper bound). Layers offloaded by
@@ -69,14 +69,16 @@ from dataclasses import dataclass
 import torch
 
 from kvbench.attention import BACKENDS, resolve
+from kvbench.batch_plan import EVICT, RESIZE, BatchPlan, Room, prefill_chunks_of
 from kvbench.budgets import knobs
 from kvbench.cache import layer_capacities
+from kvbench.cache.band import split_groups
 from kvbench.cache.linear_state import attention_groups
+from kvbench.memory.passes import pass_bytes
 from kvbench.memory.shape import ModelShape
 from kvbench.memory.state import state_bytes
-from kvbench.memory.terms import cache_bytes, evict_bytes, forward_bytes, trim_bytes
+from kvbench.memory.terms import cache_bytes, evict_bytes, forward_bytes, observe_bytes, trim_bytes
 from kvbench.models.family import split_windows
-from kvbench.schedule import prefill_chunks, rows_to_evict
 
 GiB = 2**30
 
@@ -88,6 +90,7 @@ class Footprint:
     weights: int
     kv_cache: int
     transient: int
+    kv_steps: tuple[int, ...] = ()  # the KV cache during each forward of the batch (its plan's steps)
 
     @property
     def total(self) -> int:
@@ -115,37 +118,17 @@ class Account:
         )
 
 
-def replay(lengths: list[int], policy, max_new_tokens: int, prefill_chunk: int | None, groups: list[tuple],
-           full_budgets: torch.Tensor | None, heads: int | None = None):
-    """Replay the engine's schedule on counts only (EOS ignored: the worst case), group by group of layers.
-
-    groups: `kvbench.cache.storage.form_groups`'s list of (device, layers, capacity, budget row (B,), window);
-    full_budgets: the (L_full, B) budgets of the compressed layers; heads: the KV heads (per-head budgets keep at
-    most the largest head's slots). Returns the forwards {(width T, each group's
-    keys N, makes logits)} and the evictions {(group index, keys N, rows, most kept)}.
-    """
-    B = len(lengths)
-    chunks = prefill_chunks(lengths, policy, prefill_chunk, full_budgets)  # each (B,): real tokens per forward
-    one = torch.ones(B, dtype=torch.long, device="cpu")
-    steps = [(r, True, k == len(chunks) - 1) for k, r in enumerate(chunks)] + [(one, False, True)] * (max_new_tokens - 1)
-    ns = [torch.zeros(B, dtype=torch.long, device="cpu") for _ in groups]  # pairs held per sample, per group
-    forwards, evictions = set(), set()
-    for i, (r, prefill, logits) in enumerate(steps):
-        for gi, (_, _, cap, budget, window) in enumerate(groups):
-            if window is not None:  # kvbench.cache.evict.trim_windows: keep the newest W - 1 pairs by slicing
-                rows = (ns[gi] + r > cap) & (r > 0)
-                if bool(rows.any()):
-                    evictions.add((gi, int(ns[gi][rows].max()), int(rows.sum()), window - 1))
-                    ns[gi] = torch.where(rows, window - 1, ns[gi])
-                continue
-            rows = rows_to_evict(ns[gi], r, policy, prefill, budget, first_decode=i == len(chunks))
-            if rows is not None:
-                keep = torch.minimum(knobs.head_slots(policy, knobs.keep(policy, budget), heads), ns[gi])  # the largest head
-                evictions.add((gi, int(ns[gi][rows].max()), int(rows.sum()), int(keep[rows].max())))
-                ns[gi] = torch.where(rows, keep, ns[gi])
-        ns = [n + r for n in ns]
-        forwards.add((int(r.max()), tuple(int(n.max()) for n in ns), logits))
-    return forwards, evictions
+def fold(plan: BatchPlan) -> tuple[set, set, list[tuple[int, ...]]]:
+    """What the account reads off a batch's plan (kvbench.batch_plan, the steps the engine executes): the forwards
+    {(width T, each group's keys N, makes logits)}, the actions {(kind, group, held N, rows, most kept, capacity)}
+    and each forward's groups' capacities."""
+    forwards, actions, caps = set(), set(), []
+    for step in plan:
+        actions |= {(a.kind, a.group, a.held, 0 if a.rows is None else int(a.rows.sum()), a.most, a.capacity)
+                    for a in step.before}
+        forwards.add((step.width, step.keys, step.logits))
+        caps.append(step.capacities)
+    return forwards, actions, caps
 
 
 def account(
@@ -157,30 +140,35 @@ def account(
     prefill_chunk: int | None = None,
     score_chunk: int = 64,
     attention: str = "sdpa",
+    question: list[int] | None = None,
 ) -> Account:
     """The accounted peak of one batch of prompts with these token `lengths` (module docstring).
 
     `attention`: the backend the batch runs with (sdpa | flash | eager | fused, or auto: resolved per
-    device like `kvbench.attention.resolve`); its attention transient is charged.
+    device like `kvbench.attention.resolve`); its attention transient is charged. `question`: per prompt, its last
+    tokens that are the question (query-agnostic; `lengths` are then the contexts'), kept like generated tokens.
     """
     s = model_or_shape if isinstance(model_or_shape, ModelShape) else ModelShape.of(model_or_shape)
     if attention not in BACKENDS:
         raise ValueError(f"attention must be one of {', '.join(BACKENDS)}: {attention!r}")
-    B, longest = len(lengths), max(lengths)
+    q = torch.tensor(question or [0] * len(lengths), dtype=torch.long, device="cpu")  # (B,) as the engine's Batch
+    B, longest, q_max = len(lengths), max(x + n for x, n in zip(lengths, q.tolist(), strict=True)), int(q.max())
+    new = max_new_tokens + q_max  # the question is kept like generated tokens
     layer_devices = [dev for dev, L in s.layers.items() for _ in range(L)]
-    windows = split_windows(list(s.windows) or [None] * len(layer_devices), longest + max_new_tokens,
-                            policy.kv_size if policy.evicts else None)[0]  # a compressed windowed layer: the policy's
+    windows, bands = split_windows(list(s.windows) or [None] * len(layer_devices), longest + new,
+                                   policy.kv_size if policy.evicts else None)  # a compressed windowed layer: the policy's
     full = [w is None and i not in s.linear for i, w in enumerate(windows)]  # a hybrid's linear layers: no K/V
     budgets = knobs.layer_budgets(policy, lengths, len(layer_devices), [i for i, f in enumerate(full) if f])  # (L, B)
     full_budgets = None if budgets is None or not any(full) else budgets[full]
-    widest = max(int(r.max()) for r in prefill_chunks(lengths, policy, prefill_chunk, full_budgets))
-    caps = layer_capacities(knobs.capacities(policy, lengths, max_new_tokens, budgets, s.kv_heads), windows, lengths,
-                            max_new_tokens, widest)
-    groups = attention_groups(layer_devices, caps, budgets, windows, s.linear)  # a hybrid's: attention layers only
+    chunks = prefill_chunks_of(lengths, policy, prefill_chunk, full_budgets, bool(s.linear))
+    widest = max([int(r.max()) for r in chunks] + [q_max])
+    caps = layer_capacities(knobs.capacities(policy, lengths, new, budgets, s.kv_heads), windows, lengths, new, widest)
+    groups = [run for run, _ in split_groups(attention_groups(layer_devices, caps, budgets, windows, s.linear), bands)]
+    rooms = [Room(c, row, w) for _, _, c, row, w in groups]  # the cache's groups (kvbench.cache.linear_state.build)
     if budgets is None:  # the full cache: one row of "never" budgets
         groups = [(d, ls, c, torch.full((B,), c, dtype=torch.long, device="cpu"), w) for d, ls, c, _, w in groups]
     scored = policy.needs.attention
-    forwards, evictions = replay(lengths, policy, max_new_tokens, prefill_chunk, groups, full_budgets, s.kv_heads)
+    forwards, actions, step_caps = fold(BatchPlan(policy, rooms, chunks, max_new_tokens, q, s.kv_heads, B))
     devices = {}
     for dev in s.layers:
         mine = [gi for gi, g in enumerate(groups) if str(g[0]) == dev]
@@ -188,23 +176,25 @@ def account(
                           manual=s.manual)
         transients = [  # the device's layers attend over their groups' keys; one mask per group lives on
             forward_bytes(s, B, T, max(keys[gi] for gi in mine), longest, scored, logits, score_chunk, dev == "cpu",
-                          backend, mask_keys=sum(keys[gi] for gi in mine))
+                          backend, mask_keys=sum(keys[gi] for gi in mine), observe=observe_bytes(s, B, T, policy))
             for T, keys, logits in forwards
         ]
-        transients += [(evict_bytes(s, len(groups[gi][1]), B, N, rows, keep, policy) if groups[gi][4] is None
-                        else trim_bytes(s, len(groups[gi][1]), rows, keep)) + B * longest * 8
-                       for gi, N, rows, keep in evictions if gi in mine]  # + the padded prompts (int64), alive throughout
-        for gi in mine:  # a compressed prompt: the smaller copy of a resize, built while the prompt-sized one lives
-            _, layers, cap, row, window = groups[gi]
-            if window is not None:
+        for kind, gi, N, rows, keep, cap in actions:
+            if gi not in mine:
                 continue
-            need = knobs.decode_capacity(policy, int(row.max()), max_new_tokens, s.kv_heads)
-            if policy.evicts and cap > need and any(e[0] == gi for e in evictions):
-                transients.append(cache_bytes(s, B, len(layers), need, policy))
-        kv = sum(cache_bytes(s, B, len(groups[gi][1]), groups[gi][2], policy, groups[gi][4]) for gi in mine)
-        kv += state_bytes(s, B, [layer_devices[i] for i in s.linear].count(dev))  # a hybrid's linear layers
+            L = len(groups[gi][1])
+            if kind == RESIZE:  # the smaller copy of a compressed prompt, built while the prompt-sized one lives
+                transients.append(cache_bytes(s, B, L, cap, policy))
+            else:  # + the padded prompts (int64), alive throughout
+                transients.append(B * longest * 8 + (evict_bytes(s, L, B, N, rows, keep, policy) if kind == EVICT
+                                                     else trim_bytes(s, L, rows, keep)))
+        transients.append(pass_bytes(s, policy, lengths, score_chunk, dev == "cpu", backend))  # scoring passes
+        state = state_bytes(s, B, [layer_devices[i] for i in s.linear].count(dev))  # a hybrid's linear layers
+        kv = [sum(cache_bytes(s, B, len(groups[gi][1]), c[gi], policy, groups[gi][4]) for gi in mine) + state
+              for c in step_caps]  # the cache during each forward (a resize shrinks it)
         onload = s.onload.get(dev, 0)  # an offloaded layer's weights, brought here for its forward (accelerate)
-        devices[dev] = Footprint(weights=s.weights.get(dev, 0), kv_cache=kv, transient=max(transients) + onload)
+        devices[dev] = Footprint(weights=s.weights.get(dev, 0), kv_cache=max(kv), transient=max(transients) + onload,
+                                 kv_steps=tuple(kv))
     for dev, w in s.weights.items():  # devices with weights but no decoder layer (e.g. the lm_head's)
         devices.setdefault(dev, Footprint(weights=w, kv_cache=0, transient=0))
     return Account(devices)

@@ -2,7 +2,7 @@
 
 Pure arithmetic on a `ModelShape` and counts (no tensor is allocated), each term following the code path
 kvbench runs (transformers' Llama / Phi-3 layers, `kvbench.attention`'s backends, `kvbench.cache`'s eviction);
-`kvbench.memory.accounting` replays a batch's schedule and takes the largest of them. The formulas are in
+`kvbench.memory.accounting` folds a batch's plan and takes the largest of them. The formulas are in
 that module's docstring; tests/memory/test_account.py checks them against the tensor bytes allocated on CPU.
 """
 
@@ -34,10 +34,11 @@ def cpu_sdpa_workspace(T: int, N: int, D: int, e: int) -> int:
 
 def forward_bytes(
     s: ModelShape, B: int, T: int, N: int, longest: int, scored: bool, logits: bool, chunk: int, cpu: bool,
-    attention: str = "sdpa", mask_keys: int | None = None,
+    attention: str = "sdpa", mask_keys: int | None = None, observe: int = 0,
 ) -> int:
     """Transient bytes of one forward over a (B, T) chunk that attends to N keys (`mask_keys`: the sum of
-    every group's N, one mask each; default N). `attention`: the backend really used (already resolved)."""
+    every group's N, one mask each; default N). `attention`: the backend really used (already resolved);
+    `observe`: a policy's observe step (`observe_bytes`), after the layer's attention, its output alive."""
     e, h, D, Hq = s.elem, s.hidden, s.head_dim, s.q_heads
     q = B * T * Hq * D * e  # one query-sized tensor
     ids = B * (longest + ID_BUFFERS * T) * 8  # the padded prompts, the chunk's ids, slots, positions
@@ -74,6 +75,8 @@ def forward_bytes(
     if s.kv_quant is not None:  # a quantized cache (kvbench.memory.qterms): the read pairs, alive through attention
         phases = phases[:2] + [p + qterms.held_bytes(s, B, N) for p in phases[2:]] + [
             qkv + 2 * q + max(qterms.read_bytes(s, B, N), qterms.write_bytes(s, B, T, N))]
+    if observe:
+        phases.append(qkv + 2 * q + observe)
     if logits:
         phases.append(B * s.vocab * e + B * T * h * e)
     return base + max(phases)
@@ -86,16 +89,21 @@ def evict_bytes(s: ModelShape, L: int, B: int, N: int, rows: int, keep: int, pol
         copies, gathered = 0, B * keep
     else:  # a subset: its positions (+ statistics) and its N pairs are copied out first
         copies, gathered = 4 + (8 if scored else 0), rows * (N + keep)
+    nd = policy.needs
+    if nd.observes and rows < B:  # a policy's own per-pair statistics copied out too (needs.pair_state)
+        copies += 4 * len(nd.pair_state)
     gather = min(GATHER_LAYERS, L) * s.kv_heads * gathered * s.head_dim * s.elem  # gather_layers at a time
     if policy.rerotate:  # kvbench.cache.rotate.from_written on the kept keys: cos, sin, rotate_half, product (acc dtype)
         e, a = s.elem, max(4, s.elem)
         per_key = s.head_dim * (ROTATE_ACC * a + (a if e < a else 0) + e + (e if rows < B else 0)) + 8
         gather = max(gather, min(GATHER_LAYERS, L) * s.kv_heads * rows * keep * per_key)  # after the gathers
-    needs = policy.needs  # a subset of the rows: the keys / values the score reads are copied out (advanced indexing)
+    needs = nd  # a subset of the rows: the keys / values the score reads are copied out (advanced indexing)
     keys = (needs.keys + needs.values) * L * rows * s.kv_heads * N * s.head_dim * s.elem if rows < B else 0
     if s.kv_quant is not None:  # kvbench.memory.qterms: a quantized group reads its pairs and keeps them itself
         keys, gather = qterms.scored_bytes(s, L, rows, N, policy), qterms.keep_bytes(s, rows, N, keep)
     keys += L * rows * s.q_heads * policy.needs.queries * s.head_dim * s.elem if rows < B else 0  # kept queries
+    if nd.observes and rows < B:  # its row state, as the score reads it (needs.row_state)
+        keys += 4 * L * rows * nd.row_elements(s.q_heads, s.kv_heads, s.head_dim)
     own = policy.score_bytes(layers=L, rows=rows, kv_heads=s.kv_heads, q_heads=s.q_heads, pairs=N,
                              head_dim=s.head_dim, elem=s.elem)  # freed before the sort and the gather start
     pairs = L * rows * s.kv_heads * N
@@ -115,4 +123,17 @@ def cache_bytes(s: ModelShape, B: int, L: int, slots: int, policy, window: int |
         batch_size=B, num_layers=L, num_kv_heads=s.kv_heads, head_dim=s.head_dim, capacity=slots, dtype=s.dtype,
         track_attention=policy.needs.attention, num_q_heads=s.q_heads, query_window=policy.needs.queries,
         rerotate=policy.rerotate and policy.evicts, window=window, quant=s.kv_quant,
+        own=policy.needs if policy.needs.observes else None,
     )
+
+
+def observe_bytes(s: ModelShape, B: int, T: int, policy) -> int:
+    """Transient bytes of a policy's observe step in one layer of a (B, T) forward (kvbench.policies.needs): the new
+    pairs' keys and values handed to it, its per-pair statistics, and what `Policy.observe_bytes` says it allocates."""
+    nd = policy.needs
+    if not nd.observes:
+        return 0
+    return (2 * B * T * s.kv_heads * s.head_dim * s.elem + 4 * B * T * s.kv_heads * len(nd.pair_state)
+            + policy.observe_bytes(rows=B, tokens=T, q_heads=s.q_heads, kv_heads=s.kv_heads, head_dim=s.head_dim,
+                                   hidden=s.hidden, elem=s.elem))
+

@@ -59,6 +59,11 @@ class ScoreContext:
              first, whatever forwards they came from; when `needs.queries` > 0
     query_pos: (1, B, 1, W) their source positions, -1 for an empty entry (fewer than W processed)
     scale:   the attention's softmax scale (the model's, usually D ** -0.5)
+    passed:  (L, B, H_kv, N) the running max of the policy's scoring passes' statistic (`pass_scores`), 0 for a
+             pair no pass scored; when `needs.passes` (kvbench.engine.passes)
+    pair:    {name: (L, B, H_kv, N) float32} the policy's own per-pair statistics (`needs.pair_state`)
+    state:   {name: (L, B, *shape) float32} its own row state (`needs.row_state`), as `observe` left it
+    modules: the attention modules of the L layers; rotary: the model's rotary embedding (`needs.module`)
     """
 
     pos: torch.Tensor
@@ -72,6 +77,11 @@ class ScoreContext:
     queries: torch.Tensor | None = None
     query_pos: torch.Tensor | None = None
     scale: float | None = None
+    passed: torch.Tensor | None = None
+    pair: dict | None = None
+    state: dict | None = None
+    modules: list | None = None
+    rotary: object = None
 
 
 @dataclass
@@ -101,6 +111,7 @@ class Policy:
     # True: `score` is the position (newer = keep), so an eviction keeps the protect_first sinks and the
     # newest pairs; KVCache.evict slices them into place instead of scoring, sorting and gathering
     keeps_newest: ClassVar[bool] = False
+    no_loglikelihood: ClassVar[str | None] = None  # why lm-eval's log-likelihood path can't run it yet (continuation)
     # keys of the policy's config that play no part in what it runs (full: every budget and schedule key): in a
     # sweep they are reset to the policy's own defaults and named in the record's `ignored_keys` (kvbench.config)
     inert_keys: ClassVar[tuple[str, ...]] = ()
@@ -138,9 +149,36 @@ class Policy:
             self.compression_ratio is not None) else None
 
     # ----------------------------------------------------------------- scoring
+    def prepare(self, tokenizer) -> None:
+        """Ids derived from the run's tokenizer once per run (KVzip's template); `kvbench.engine.generate` calls it."""
+
+    def scoring_passes(self, context: list[int]) -> list:
+        """`needs.passes`: the passes over one row's context ids (ReplayPass: ids fed, positions [start, end))."""
+        return []
+
+    def pass_width(self, length: int) -> int:
+        """`needs.passes`: the most tokens one pass over a context of `length` ids feeds (the memory account's)."""
+        return 0
+
+    def pass_bytes(self, **shape: int) -> int:  # rows, kv_heads, q_heads, tokens, pairs, head_dim, elem
+        """`needs.passes`: transient bytes `pass_scores` allocates at one layer (kvbench.memory.passes)."""
+        return 0
+
+    def pass_scores(self, ctx) -> torch.Tensor:
+        """`needs.passes`: (B, H_kv, N) statistic per held pair at one layer of one pass; max kept (ctx.passed)."""
+        raise NotImplementedError(f"policy {self.name} runs no scoring pass")
+
     def score(self, stats: ScoreContext) -> torch.Tensor:
         """Higher = keep. Shape (L, B, H_kv, N) like the stats."""
         raise NotImplementedError(f"policy {self.name} does not score pairs")
+
+    def observe(self, obs) -> dict | None:
+        """Each forward and layer (`needs.observes`): update obs.state and/or return {pair_state: (B, H_kv, T)}."""
+        return None
+
+    def observe_bytes(self, **shape: int) -> int:  # rows, tokens, q_heads, kv_heads, head_dim, hidden, elem
+        """Transient bytes `observe` allocates over one layer of a (rows, tokens) forward (kvbench.memory's account)."""
+        return 0
 
     def score_bytes(self, *, layers: int, rows: int, kv_heads: int, q_heads: int, pairs: int, head_dim: int,
                     elem: int) -> int:

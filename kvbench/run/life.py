@@ -114,13 +114,15 @@ def _prompts(cfg: DictConfig, record: dict, lm: LoadedModel, policy, task, promp
              serve_mode: bool) -> tuple[list, list[list[int]]]:
     """The task's samples and token ids with the loaded tokenizer; fills the record's model family, the
     layers the policy compresses (windowed layers keep their window) and the prompts' statistics."""
-    kinds = family.check_policy(lm.model.config, policy, k=lm.kinds)
+    samples = task.samples(lm.tokenizer)
+    ids = [task.encode(lm.tokenizer, s.prompt) for s in samples]
+    kinds = lm.kinds  # the run's one family check: the preflight's, or here (the engine trusts checked kinds)
+    if not (preflight.family_checked(cfg, prompts) and [len(x) for x in ids] == prompts):
+        family.check_policy(lm.model.config, policy, max(map(len, ids), default=0) + cfg.gen.max_new_tokens, kinds)
     record["model_family"] = f"{kinds.family}: {kinds.describe()}"
     described = policy.describe(gqa=kinds.gqa, paged=serve_mode)
     record["extensions"] = described["extensions"] + task_extensions(task, cfg.gen.max_new_tokens)
     record["extensions"] += quant_extensions(kv_quant(cfg.gen))
-    samples = task.samples(lm.tokenizer)
-    ids = [task.encode(lm.tokenizer, s.prompt) for s in samples]
     windows, bands = family.split_windows(kinds.windows, max(map(len, ids), default=0) + cfg.gen.max_new_tokens,
                                           policy.kv_size if policy.evicts else None)
     record["compressed_layers"] = [i for i, w in enumerate(windows) if w is None and i not in kinds.linear] \

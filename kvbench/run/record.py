@@ -89,6 +89,7 @@ def new_record(cfg: DictConfig, policy, task) -> dict:
         "wall_s": None,
         "evict_s": None,
         "attn_stats_s": None,
+        "score_pass_s": None,
         "generated_tokens": None,
         "output_tokens": None,
         "peak_kv_bytes": None,

@@ -78,6 +78,7 @@ def execute(
         wall_s=out.wall_s,
         evict_s=out.evict_s,
         attn_stats_s=out.attn_stats_s,
+        score_pass_s=out.score_pass_s,
         generated_tokens=out.generated_tokens,
         peak_kv_bytes=out.peak_kv_bytes,
         kv_budget=None if out.budget_min is None else {

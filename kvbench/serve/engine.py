@@ -102,7 +102,7 @@ def serve(
                       block_bytes=runner.pool.nbytes() // num_blocks, kv_block_bytes=runner.pool.kv_block_bytes(),
                       per_head=budgets.per_head, pages_per_block=bm.pages_per_block)
     clock, left = 0.0, len(pending)
-    with kv_attention(model):
+    with kv_attention(model, hidden=policy.needs.hidden):
         while left:
             while pending and pending[0].arrival <= clock:
                 sched.add(pending.pop(0))

@@ -13,12 +13,14 @@ from __future__ import annotations
 import torch
 
 from kvbench.attention import SCORE_CHUNK
+from kvbench.attention.interface import attention_modules
 from kvbench.cache.rotate import rotate
 from kvbench.errors import ConfigError
 from kvbench.models.family import kinds
 from kvbench.models.geometry import model_geometry, rope_inv_freq
 from kvbench.policies.base import Policy
 from kvbench.serve.block_evict import block_scores, choose
+from kvbench.serve.observe import Observers
 from kvbench.serve.page_layout import Layout
 from kvbench.serve.paged_attention import PagedStep
 from kvbench.serve.paged_attention import backend as attention_backend
@@ -50,7 +52,12 @@ class ModelRunner:
         self.pool = PagedPool(
             num_layers=L, num_blocks=num_blocks, block_size=block_size, num_kv_heads=H, head_dim=geo["head_dim"],
             dtype=geo["dtype"], device=self.device, track_attention=policy.needs.attention, rerotate=rotate,
+            pair_state=policy.needs.pair_state if policy.needs.observes else (),
         )
+        self.observers = Observers(policy, policy.needs.row_shapes(model.config.num_attention_heads, H, geo["head_dim"]),
+                                   L, self.device, getattr(model.get_decoder(), "rotary_emb", None),
+                                   attention_modules(model)) if (
+            policy.needs.observes) else None
         self.windows = QueryWindows(policy.needs.queries, L, model.config.num_attention_heads, geo["head_dim"],
                                     geo["dtype"], self.device) if policy.evicts and policy.needs.queries else None
         self.attention = attention_backend(self.device, geo["dtype"], policy.needs.attention, block_size)
@@ -68,7 +75,10 @@ class ModelRunner:
         if self.windows is not None:
             self.windows.prepare([r.rid for r in reqs], [r.num_computed for r in reqs], k,
                                  [r.num_computed == 0 for r in reqs])
-        step = PagedStep(self.pool, lay, self.attention, self.score_chunk, self.windows)  # what attention reads
+        if self.observers is not None:
+            self.observers.prepare([r.rid for r in reqs], [r.num_computed for r in reqs], k,
+                                   [r.num_computed == 0 for r in reqs])
+        step = PagedStep(self.pool, lay, self.attention, self.score_chunk, self.windows, self.observers)
         ids = torch.tensor([t for r, n in zip(reqs, k, strict=True) for t in r.tokens(n)], dtype=torch.long)
         done = [i for i, (r, n) in enumerate(zip(reqs, k, strict=True)) if r.num_computed + n == r.seq_len]
         out = {}
@@ -89,6 +99,8 @@ class ModelRunner:
         """The request finished or was preempted: its query window goes."""
         if self.windows is not None:
             self.windows.forget(req.rid)
+        if self.observers is not None:
+            self.observers.forget(req.rid)
 
     @torch.inference_mode()
     def rerotate(self, req: Request) -> None:
@@ -103,7 +115,7 @@ class ModelRunner:
     def evictor(self, req: Request, end: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
         """(L, H, nb) bool: the n[l, h] lowest-scored evictable blocks of each (layer, KV head) of `req` (its
         policy's pair scores, aggregated per block; summed over layers and heads unless `per_head`)."""
-        parts = request_stats(self.pool, self.windows, req, self.policy, self.device)
+        parts = request_stats(self.pool, self.windows, req, self.policy, self.device, self.observers)
         if len(parts) == 1:
             scores = block_scores(self.policy, parts[0], self.pool.block_size, self.block_score, self.per_head)
         else:  # heads hold different counts: one layer at a time
@@ -121,7 +133,7 @@ class ModelRunner:
         budget = torch.minimum(req.budget[:, 0].to(self.device), held[:, 0])  # (L,) pairs per head on average
         if bool((budget >= held[:, 0]).all()):
             return
-        (stats,) = request_stats(self.pool, self.windows, req, self.policy, self.device)
+        (stats,) = request_stats(self.pool, self.windows, req, self.policy, self.device, self.observers)
         s = self.policy.score(stats).float().expand(stats.pos.shape)[:, 0].clone()  # (L, H, N)
         N = s.shape[-1]
         j = torch.arange(N, device=self.device)

@@ -77,6 +77,7 @@ class PagedStep:
     attention: str = "paged_sdpa"
     score_chunk: int = SCORE_CHUNK
     windows: object = None
+    observers: object = None  # a policy's observe step (kvbench.serve.observe), or None
     hidden_states: dict = field(default_factory=dict)  # layer -> its input hidden states (1, T, h), when declared
 
     def hidden(self, layer: int, states: torch.Tensor) -> None:
@@ -84,7 +85,11 @@ class PagedStep:
 
     def attend(self, module, query, key, value, scaling, kwargs) -> torch.Tensor:
         """query (1, Hq, T, D), key/value (1, H_kv, T, D): the packed new tokens of every request."""
-        return paged_attention(self, module.layer_idx, query, key, value, scaling)
+        out = paged_attention(self, module.layer_idx, query, key, value, scaling)
+        if self.observers is not None:
+            self.observers.observe(self.pool, self.layout.write[module.layer_idx], module.layer_idx, module, query,
+                                   key, value, scaling, self.hidden_states.pop(module.layer_idx, None))
+        return out
 
 
 def paged_attention(st: PagedStep, layer: int, query, key, value, scaling) -> torch.Tensor:

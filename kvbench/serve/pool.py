@@ -8,6 +8,8 @@ take (a head that holds fewer pairs takes fewer pages). A flat slot is page * bl
     sum_w, last_w  (P * block_size,)          attention statistics (scored policies only)
     k_src, rot     (P * block_size, D), (..,) re-rotation only: each key as written, and the rotary
                                               position it was written at
+    own[name]      (P * block_size,)          a policy's own per-pair statistics (float32, needs.pair_state): they
+                                              stay in their slot, so an evicted page takes them along
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from kvbench.serve.blocks import blocks_for
 
 class PagedPool:
     def __init__(self, *, num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, device, track_attention,
-                 rerotate: bool = False):
+                 rerotate: bool = False, pair_state: tuple[str, ...] = ()):
         self.block_size, self.num_blocks = block_size, num_blocks
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
         self.num_pages = num_blocks * num_layers * num_kv_heads
@@ -32,15 +34,17 @@ class PagedPool:
         self.last_w = torch.zeros_like(self.sum_w) if track_attention else None
         self.k_src = torch.zeros_like(self.k) if rerotate else None
         self.rot = torch.zeros(S, dtype=torch.long, device=device) if rerotate else None
+        self.own = {n: torch.zeros(S, dtype=torch.float32, device=device) for n in pair_state}
 
     @staticmethod
-    def block_bytes(*, num_layers, block_size, num_kv_heads, head_dim, dtype, track_attention, rerotate=False) -> int:
-        """Bytes of one block (one page in every layer and KV head): K, V, positions, statistics and
-        re-rotation's written keys and positions."""
+    def block_bytes(*, num_layers, block_size, num_kv_heads, head_dim, dtype, track_attention, rerotate=False,
+                    own: int = 0) -> int:
+        """Bytes of one block (one page in every layer and KV head): K, V, positions, statistics,
+        re-rotation's written keys and positions, and `own` float32 per-pair statistics of the policy's."""
         el = torch.empty((), dtype=dtype).element_size()
         slots = num_layers * num_kv_heads * block_size
         b = (3 if rerotate else 2) * slots * head_dim * el + 8 * slots * (2 if rerotate else 1)
-        return b + (2 * 4 * slots if track_attention else 0)
+        return b + (2 * 4 * slots if track_attention else 0) + 4 * slots * own
 
     def kv_block_bytes(self) -> int:
         """Bytes of K and V in one block (every layer and KV head)."""
@@ -48,7 +52,7 @@ class PagedPool:
 
     def nbytes(self) -> int:
         ts = [self.k, self.v, self.pos] + ([self.sum_w, self.last_w] if self.track else [])
-        ts += [self.k_src, self.rot] if self.k_src is not None else []
+        ts += ([self.k_src, self.rot] if self.k_src is not None else []) + list(self.own.values())
         return sum(t.numel() * t.element_size() for t in ts)
 
     def slots(self, pages: torch.Tensor, held: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -33,7 +33,7 @@ def pool_blocks(cfg: DictConfig, lm, policy, memory_limit: memory.MemoryLimit | 
     per_block = PagedPool.block_bytes(
         num_layers=len(geo["layer_devices"]), block_size=cfg.serve.block_size, num_kv_heads=geo["num_kv_heads"],
         head_dim=geo["head_dim"], dtype=geo["dtype"], track_attention=policy.needs.attention,
-        rerotate=policy.rerotate and policy.evicts,
+        rerotate=policy.rerotate and policy.evicts, own=len(policy.needs.pair_state) if policy.needs.observes else 0,
     )
     free = memory_limit.usable - sum(memory.ModelShape.of(lm.model).weights.values())  # memory.reserve_gb is not the pool's
     n = free // per_block

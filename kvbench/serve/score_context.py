@@ -13,8 +13,9 @@ import torch
 from kvbench.policies.base import Policy, ScoreContext
 
 
-def request_stats(pool, windows, req, policy: Policy, device) -> list[ScoreContext]:
-    """[ScoreContext (L, 1, H, N)] or, heads holding different counts, one (1, 1, H, N) per layer."""
+def request_stats(pool, windows, req, policy: Policy, device, observers=None) -> list[ScoreContext]:
+    """[ScoreContext (L, 1, H, N)] or, heads holding different counts, one (1, 1, H, N) per layer; `observers`: the
+    policy's own state (kvbench.serve.observe), its modules and rotary embedding."""
     slots, valid = pool.slots(req.pages, req.held)
     slots = slots.to(device)
     L, H, N = slots.shape
@@ -31,13 +32,22 @@ def request_stats(pool, windows, req, policy: Policy, device) -> list[ScoreConte
     scale = windows.scale if windows is not None else None
     last = torch.full((1, 1, 1, 1), req.num_computed - 1, device=device)
     layers = torch.arange(L, device=device)[:, None, None, None]
+    pair = {name: x[slots][:, None] for name, x in pool.own.items()} or None  # (L, 1, H, N) each
+    state = mods = rotary = None
+    if observers is not None:
+        state = {name: x[:, None] for name, x in observers.state.get(req.rid, {}).items()} or None  # (L, 1, *shape)
+        mods, rotary = observers.modules, observers.rotary
     if bool(valid.all()):
         return [ScoreContext(pos=pos, last=last, sum_w=sw, last_w=lw, keys=keys, values=values, queries=queries,
-                             query_pos=qpos, scale=scale, n=torch.full((1, 1, 1, 1), N, device=device), layers=layers)]
+                             query_pos=qpos, scale=scale, n=torch.full((1, 1, 1, 1), N, device=device), layers=layers,
+                             pair=pair, state=state, modules=mods, rotary=rotary)]
     held = req.held.to(device)
     return [ScoreContext(pos=pos[i:i + 1], last=last, sum_w=_at(sw, i), last_w=_at(lw, i), keys=_at(keys, i),
                          values=_at(values, i), queries=_at(queries, i), query_pos=qpos, scale=scale,
-                         n=held[i][None, None, :, None], layers=layers[i:i + 1]) for i in range(L)]
+                         n=held[i][None, None, :, None], layers=layers[i:i + 1],
+                         pair=None if pair is None else {k: _at(x, i) for k, x in pair.items()},
+                         state=None if state is None else {k: _at(x, i) for k, x in state.items()},
+                         modules=None if mods is None else mods[i:i + 1], rotary=rotary) for i in range(L)]
 
 
 def _at(t: torch.Tensor | None, i: int) -> torch.Tensor | None:

@@ -25,7 +25,22 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from kvbench.engine import generate  # noqa: E402
-from kvbench.policies import H2O, TOVA, BatchMax, Full, KeyDiff, Knorm, PyramidKV, SnapKV, StreamingLLM  # noqa: E402
+from kvbench.policies import (  # noqa: E402
+    H2O,
+    TOVA,
+    BatchMax,
+    ChunkKV,
+    ExpectedAttention,
+    Full,
+    KeyDiff,
+    Knorm,
+    KVzap,
+    KVzip,
+    LagKV,
+    PyramidKV,
+    SnapKV,
+    StreamingLLM,
+)
 
 AP = "after_prefill"
 N_PROMPTS, MAX_TOKENS, NEW_TOKENS, RATIOS = 16, 1000, 64, (0.5, 0.75)
@@ -53,9 +68,19 @@ COUNTERPARTS = {
          "a different rule on purpose: H2O ranks by the plain sum of attention and protects the newest half of the "
          "budget; ObservedAttention divides the sum by the queries that could attend (Batch-Max's average rule)"),
     ],
+    "lagkv": [("lagkv", lambda r: LagKV(compression_ratio=r, schedule=AP), None)],
+    "chunkkv": [("chunkkv", lambda r: ChunkKV(compression_ratio=r, schedule=AP), None)],
     "adakv": [("snapkv head_budget=adaptive", lambda r: SnapKV(compression_ratio=r, schedule=AP,
                                                                head_budget="adaptive", head_floor=0.2), None)],
+    "kvzip": [("kvzip", lambda r: KVzip(compression_ratio=r), None)],
+    "expected_attention": [("expected_attention", lambda r: ExpectedAttention(compression_ratio=r, schedule=AP), None)],
+    "adakv_expected_attention": [  # the leaderboard's row: AdaKVPress(ExpectedAttentionPress(epsilon=1e-2))
+        ("expected_attention head_budget=adaptive epsilon=0.01", lambda r: ExpectedAttention(
+            compression_ratio=r, schedule=AP, head_budget="adaptive", head_floor=0.2, epsilon=1e-2), None)],
+    "kvzap_mlp_head": [("kvzap", lambda r: KVzap(compression_ratio=r, schedule=AP, scorer=str(WORK["dir"] / "kvzap-mlp")),
+                        None)],  # the random MLP scorer both sides load from the work folder (kvpress's Hub layout)
 }
+WORK: dict = {}  # the work folder, for counterparts that read from it (run() sets it)
 # `CROSSCHECK_PRESSES=adakv CROSSCHECK_RATIOS=0.5`: run only those presses and ratios (both sides read them)
 ONLY = [p for p in os.environ.get("CROSSCHECK_PRESSES", "").split(",") if p]
 ONLY_RATIOS = [float(r) for r in os.environ.get("CROSSCHECK_RATIOS", "").split(",") if r]
@@ -90,6 +115,7 @@ def prompts(work: Path, data_dir: str) -> None:
 
 def run(work: Path) -> None:
     spec = json.loads((work / "ids.json").read_text())
+    WORK["dir"] = work
     torch.set_num_threads(1)
     lm = load()
     out = work / "kvbench"

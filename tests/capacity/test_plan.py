@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -152,9 +151,7 @@ def test_smollm2_plan_equals_the_search(tmp_path):
 # ------------------------------------------------------------------------------ the paper's settings
 @pytest.mark.parametrize("experiment", ["paper_llama2_cnndm", "paper_phi35_gsm8k"])
 def test_paper_settings_plan_offline(tmp_path, experiment):
-    t0 = time.perf_counter()
-    rec = capacity.plan(_compose(f"experiment={experiment}", f"results_dir={tmp_path}"))
-    assert time.perf_counter() - t0 < 60
+    rec = capacity.plan(_compose(f"experiment={experiment}", f"results_dir={tmp_path}"))  # its time: scripts/, not here
     rows = rec["plan"]["rows"]
     assert {(r["attention"], r["method"]) for r in rows} >= {(a, m) for a in ("eager", "sdpa") for m in ("ED", "FKV", "BM")}
     by = {(r["attention"], r["method"], r["kv_size"]): r for r in rows}

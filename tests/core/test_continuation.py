@@ -19,6 +19,7 @@ import torch
 
 from kvbench import budgets as B
 from kvbench.continuation import continuation_logprobs
+from kvbench.errors import ConfigError
 from kvbench.policies import registry
 from tests import reference as R
 from tests.conftest import random_prompts
@@ -83,9 +84,18 @@ def reference_score(context: tuple[int, ...], continuation: tuple[int, ...], spe
 @pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("name", sorted(n for n in registry() if n != "full"))
 def test_continuation_matches_the_reference(name, schedule, tiny_llama):
-    policy = policy_at(name, schedule)
+    from hydra.errors import InstantiationException
+
+    try:
+        policy = policy_at(name, schedule)
+    except InstantiationException:  # a schedule the policy refuses (tests/project/test_config_matrix.py checks it)
+        pytest.skip(f"{name} refuses schedule {schedule}")
     if policy is None:
         pytest.skip(f"{name} fixes its own schedule")
+    if policy.no_loglikelihood:  # refused in one line (test_a_policy_the_path_cannot_run_is_refused)
+        with pytest.raises(ConfigError, match=f"{name} does not run on log-likelihood requests"):
+            continuation_logprobs(tiny_llama.model, [[1, 2, 3]], [1], policy)
+        return
     if B.layer_rule(policy).varies:
         pytest.skip("budgets that differ by layer: tests/core/test_lmeval.py runs it through lm-eval")
     spec = spec_of(policy)

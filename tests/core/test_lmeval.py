@@ -179,6 +179,8 @@ def test_every_policy_reads_choices_longer_than_its_room(name, tasks):
     from kvbench import budgets as B
     from kvbench.conf import load_option
 
+    if registry()[name].no_loglikelihood:
+        pytest.skip("refused on log-likelihood requests in one line (tests/core/test_continuation.py)")
     node = load_option("policy", name)
     kw = {"kv_size": 64, **({"evict_every": 4} if node.evict_every is not None else {}),
           **({"window": 8} if "window" in node else {})}

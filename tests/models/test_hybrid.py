@@ -14,8 +14,7 @@ import pytest
 import torch
 from transformers.cache_utils import LinearAttentionLayer
 
-from kvbench import memory
-from kvbench.engine import batch as engine_batch
+from kvbench import batch_plan, memory
 from kvbench.grid import grid_chunks
 from kvbench.models import family
 from kvbench.policies import H2O, BatchMax, Full
@@ -68,7 +67,7 @@ def test_the_grid_keeps_pads_out_of_the_linear_state(arch, prompts, chunk, monke
         torch.testing.assert_close(states[0], _hf_states(lm, prompts, first, i))
         torch.testing.assert_close(states[-1], _hf_states(lm, prompts, 70, i))
         if chunk == 23:  # 70 = 3 x 23 + 1, 57 = 2 x 23 + 11: per sample, the longer prompt's last token follows 10 pads
-            monkeypatch.setattr(engine_batch, "grid_chunks", prefill_chunks)
+            monkeypatch.setattr(batch_plan, "grid_chunks", prefill_chunks)
             with pytest.raises(AssertionError):
                 torch.testing.assert_close(_states(lm, prompts, chunk, i)[-1], _hf_states(lm, prompts, 70, i))
     finally:

@@ -10,6 +10,7 @@ and its kept sets differ from a sliding window's, between heads and between poli
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
@@ -19,6 +20,7 @@ from kvbench import budgets as B
 from kvbench.engine import generate
 from kvbench.policies import H2O, TOVA, BatchMax, Window, registry
 from tests import reference as R
+from tests import reference_generate as G
 from tests.conftest import _tiny, hf_greedy, random_prompts
 
 PROMPTS = random_prompts((70, 24, 45, 13), seed=7)  # kv_size 32: two longer, two shorter
@@ -62,6 +64,9 @@ def spec_of(policy) -> R.Spec:
         kernel=getattr(policy, "kernel", 7),
         pooling=getattr(policy, "pooling", "max"),
         pool_window=getattr(policy, "pool_window", False),
+        lag=getattr(policy, "lag_size", 128),
+        n_sink=getattr(policy, "n_sink", 4),
+        chunk=getattr(policy, "chunk_length", 0),
     )
 
 
@@ -183,11 +188,33 @@ def test_every_registered_policy_matches_its_reference_rule(name, tiny_llama):
         tokens, _, _, _ = run_engine(tiny_llama, PROMPTS, policy, 4)
         assert tokens == [reference("llama", tuple(p), None).tokens for p in PROMPTS]
         return
+    if name in R.METHOD_PARAMS:  # a method of tests/reference_generate.py, compressed once after prefill
+        assert_method_matches(tiny_llama, policy, R.POLICY_RULES[name])
+        return
     if B.layer_rule(policy).varies:
         pytest.skip("budgets that differ by layer and prompt: tests/budgets/test_per_sample_and_layer.py checks them")
     refs = [reference("llama", tuple(p), spec_of(policy)) for p in PROMPTS]
     assert_traces_match(refs, *run_engine(tiny_llama, PROMPTS, policy, 4)[:3])
 
+
+def assert_method_matches(lm, policy, method: str) -> None:
+    """At compression_ratio 0.5 (the methods' budget), in one left-padded batch of PROMPTS: each row keeps, per
+    (layer, KV head), the pairs the method's rule keeps, and decodes its tokens (tests/reference_generate.py)."""
+    policy = dataclasses.replace(policy, kv_size=None, compression_ratio=0.5)
+    kept = []
+
+    def observer(event, cache):
+        if event == "evict":
+            kept.append([[[[p for p in h if p >= 0] for h in cache.kept_positions(la, b).tolist()]
+                          for la in range(cache.num_layers)] for b in range(len(PROMPTS))])
+
+    out = generate(lm.model, lm.tokenizer, PROMPTS, policy, len(PROMPTS), max_new_tokens=NEW, eos_token_ids=[],
+                   observer=observer)
+    assert len(kept) == 1  # one compression, after prefill
+    for b, p in enumerate(PROMPTS):
+        tokens, want = G.generate(_ref_model("llama"), p, NEW, method, 0.5, lm.tokenizer,
+                                  **R.METHOD_PARAMS[policy.name](policy))
+        assert kept[0][b] == want and out.token_ids[b] == tokens, b
 
 
 @pytest.mark.parametrize("batch_size", [1, 4])

@@ -39,6 +39,9 @@ REFUSED = {
     "`policy=extreme_decode` with `schedule` other than `decode_only`":
         replace(BASE, policy="extreme_decode", schedule="after_prefill"),
     "`policy=extreme_decode` with a per-prompt budget": replace(BASE, policy="extreme_decode", budget="kv_ratio"),
+    "`policy=lagkv` or `chunkkv` with `schedule` other than `after_prefill`": replace(BASE, policy="lagkv"),
+    "`policy=chunkkv policy.head_budget=adaptive`":
+        replace(BASE, policy="chunkkv", schedule="after_prefill", head_budget="adaptive"),
     "`policy=pyramidkv policy.rerotate=true`": replace(BASE, policy="pyramidkv", rerotate=True),
     "`policy=snapkv` / `pyramidkv` whose window does not fit `kv_size - evict_every`":
         [*TINY, "policy=snapkv", "policy.kv_size=128", "policy.window=96"],

@@ -527,6 +527,23 @@ def test_crosscheck_table_and_prose():
            f"{frac(('pyramidkv', 'pyramidkv', 0.5))} after at 0.5")
 
 
+def test_crosscheck_of_lagkv_and_chunkkv():
+    s = json.loads((RESULTS / "crosscheck" / "keys" / "summary.json").read_text())
+    rows = {r["press"]: r for r in s["rows"]}
+    chunk, lag = rows["chunkkv"], rows["lagkv"]
+    tied = sorted(map(int, lag["diverged_rows"]))
+    assert set(lag["diverged_rows"].values()) == {"ties"}
+    assert lag["rows_identical_or_ties"] == lag["rows"] == chunk["identical_rows"] == 16
+    states("docs/crosscheck.md", f"identical tokens on {chunk['identical_rows']} of {chunk['rows']} rows and identical "
+                                 f"kept sets in {chunk['identical_sets']} of {chunk['sets']}; LagKV on "
+                                 f"{lag['identical_rows']} of {lag['rows']}, the other {lag['rows'] - lag['identical_rows']}")
+    states("results/crosscheck/keys/README.md",
+           f"identical tokens on {chunk['identical_rows']} of {chunk['rows']} rows, identical kept sets in "
+           f"{chunk['identical_sets']} of {chunk['sets']}",
+           f"identical tokens on {lag['identical_rows']} of {lag['rows']} rows; rows "
+           f"{', '.join(map(str, tied[:-1]))} and {tied[-1]} differ")
+
+
 # ------------------------------------------------------------------------------------ docs/matrix.md
 def test_matrix_counts():
     """The whole product's counts and the preflight pass's time from its record (tests/data/matrix_product.json,

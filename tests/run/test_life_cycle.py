@@ -224,3 +224,16 @@ def test_serve_peak_counts_requests_that_finish_in_the_step(tmp_path):
     prompts = rec["prompts"]["tokens_min"], rec["prompts"]["tokens_max"]
     assert rec["serve"]["timeline"]["blocks_used"][0] >= 3 * -(-prompts[0] // 16)
     assert rec["batch_size"] is None and rec["evict_every"] is None and rec["attention"] == "paged_sdpa"
+
+
+def test_the_family_check_runs_once_per_run(tmp_path, monkeypatch):
+    """The model's kinds are read once (`LoadedModel.kinds`) and checked against the policy once: by the run, on
+    its longest sequence; the engine trusts kinds it is given."""
+    from kvbench.models import family
+
+    calls = []
+    real = family.check_policy
+    monkeypatch.setattr(family, "check_policy", lambda *a, **k: calls.append(a[2:] + tuple(k)) or real(*a, **k))
+    rec = kvrun.run(_cfg(*TINY, f"results_dir={tmp_path}"))
+    assert rec["status"] == "ok", rec.get("error")
+    assert len(calls) == 1, calls

@@ -1,0 +1,115 @@
+"""ChunkKV (Liu et al., 2025): keep whole chunks of `chunk_length` consecutive pairs, ranked by any registered
+policy's score (`inner`, SnapKV by default: kvpress's leaderboard row `ChunkKVPress(SnapKVPress(),
+chunk_length=20)`), so that kept text stays contiguous.
+
+From the first pair the prompt forms chunks of `chunk_length` (the last one partial). The inner score of every
+pair is summed over the KV heads (every head keeps the same chunks), a chunk's score is its pairs' mean, and the
+best chunks are kept whole: the sample's budget is a number of chunks (kvbench/budgets/chunk_layers.py, the
+count the cache and the memory account use). The pairs the inner policy protects (SnapKV's observation window)
+score the layer's largest inner score, as kvpress's SnapKVPress gives its window. A prompt shorter than one chunk
+is the inner policy's own (kvpress: the inner press's compress). The inner policy's knobs are its defaults or
+`inner_args` (`+policy.inner_args.window=32`), and read through this one (`policy.window` is SnapKV's).
+
+Departures (in `extensions`): the newest chunk is always kept (kvpress: when it ranks; with SnapKV it holds the
+window's maximal scores and ranks first); each sample chooses its own chunks (kvpress applies the first
+sample's choice to the whole batch). Defined once, on the whole prompt (schedule=after_prefill, kvpress's
+protocol); the other schedules are refused.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+from kvbench.budgets import is_int
+from kvbench.errors import ConfigError
+from kvbench.policies.base import AFTER_PREFILL, Needs, Policy, ScoreContext
+
+NOT_INNER = ("chunkkv", "full", "extreme_decode")  # itself, a policy without a score, one without after_prefill
+
+
+@dataclass
+class ChunkKV(Policy):
+    kv_size: int | None = 256
+    schedule: str = AFTER_PREFILL
+    inner: str = "snapkv"  # the registered policy whose score ranks the chunks
+    chunk_length: int = 20
+    inner_args: dict = field(default_factory=dict)  # the inner policy's own knobs (its defaults otherwise)
+    name: ClassVar[str] = "chunkkv"
+    no_loglikelihood: ClassVar[str | None] = "its whole-chunk budget is not applied by the log-likelihood path's compression yet"
+    label: ClassVar[str] = "ChunkKV"
+    summary: ClassVar[str] = "whole chunks of `chunk_length` pairs, by the mean of the inner policy's score"
+    paper: ClassVar[tuple[str, str]] = ("Liu et al., 2025", "https://arxiv.org/abs/2502.00299")
+    published_schedule: ClassVar[str] = AFTER_PREFILL  # kvpress's ChunkKVPress: the prompt compressed once
+    gqa_note: ClassVar[str] = "GQA models: the inner score aggregates a KV group's query heads its own way"
+    layer_budget: ClassVar[str] = "chunks"  # kvbench/budgets/chunk_layers.py
+
+    def validate(self) -> None:
+        from kvbench.policies import registry
+
+        if not is_int(self.chunk_length) or self.chunk_length < 1:
+            raise ConfigError("policy.chunk_length", "must be an integer >= 1", self.chunk_length)
+        policies = registry()
+        if self.inner not in policies or self.inner in NOT_INNER:
+            raise ConfigError("policy.inner", "must name a registered policy with a score, one of "
+                              f"{', '.join(p for p in policies if p not in NOT_INNER)}", self.inner)
+        cls = policies[self.inner]
+        if cls.layer_budget != "uniform":
+            raise ConfigError("policy.inner", "ChunkKV's budget is whole chunks in every layer: the inner policy "
+                              f"cannot bring its own layer budgets ({cls.layer_budget})", self.inner)
+        if not isinstance(self.inner_args, Mapping):
+            raise ConfigError("policy.inner_args", "must be a mapping of the inner policy's knobs", self.inner_args)
+        self.inner_args = dict(self.inner_args)
+        try:
+            self._inner = cls(**{**self.inner_args, "schedule": AFTER_PREFILL})
+        except TypeError as e:
+            raise ConfigError("policy.inner_args", f"not {self.inner}'s knobs ({e})", self.inner_args) from None
+        if self.schedule != AFTER_PREFILL:
+            raise ConfigError("policy.schedule", "chunkkv keeps whole chunks of the whole prompt, chosen once: use "
+                              "policy.schedule=after_prefill", self.schedule)
+        if self.head_budget != "uniform":
+            raise ConfigError("policy.head_budget", "chunkkv keeps the same chunks in every KV head", self.head_budget)
+        super().validate()
+
+    def __getattr__(self, name: str):  # the inner policy's own knobs, read through (policy.window: SnapKV's)
+        inner = self.__dict__.get("_inner")
+        if inner is None or name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(inner, name)
+
+    @property
+    def needs(self) -> Needs:
+        return self._inner.needs
+
+    def score(self, stats: ScoreContext) -> torch.Tensor:
+        g = self._inner.score(stats).float()  # (L, B, H, N)
+        L, B, H, N = g.shape
+        c, n = self.chunk_length, stats.n.view(1, B, 1, 1)
+        real = torch.arange(N, device=g.device) < n  # (1, B, 1, N)
+        recent = self._inner.protect_recent or 0
+        held = (stats.pos < self._inner.protect_first) | (stats.pos > stats.last - recent)  # the inner's protected
+        top = g.masked_fill(~real, float("-inf")).amax(dim=(2, 3), keepdim=True)  # (L, B, 1, 1)
+        g = torch.where(held & real, top, g)
+        C = -(-N // c)
+        summed = g.masked_fill(~real, 0.0).sum(dim=2)  # (L, B, N): over the KV heads
+        summed = torch.nn.functional.pad(summed, (0, C * c - N)).view(L, B, C, c).sum(dim=-1)  # (L, B, C)
+        start = torch.arange(C, device=g.device) * c  # (C,)
+        count = (n.view(B, 1) - start).clamp(0, c)  # (B, C) each chunk's real pairs
+        value = summed / count.clamp(min=1)
+        newest = torch.arange(C, device=g.device) == (n.view(B, 1) - 1) // c  # (B, C)
+        value = value.masked_fill(newest, float("inf"))
+        out = value.repeat_interleave(c, dim=-1)[..., :N][:, :, None].expand(L, B, H, N)  # (L, B, H, N)
+        return torch.where(n < c, g, out)  # shorter than one chunk: the inner score
+
+    def score_bytes(self, *, layers, rows, kv_heads, q_heads, pairs, head_dim, elem) -> int:
+        inner = self._inner.score_bytes(layers=layers, rows=rows, kv_heads=kv_heads, q_heads=q_heads, pairs=pairs,
+                                        head_dim=head_dim, elem=elem)
+        return inner + 4 * layers * rows * kv_heads * pairs * 4 + 4 * layers * rows * pairs * 4
+
+    def describe(self, gqa: bool = False, paged: bool = False) -> dict:
+        d = super().describe(gqa, paged)
+        if self.evicts:
+            d["extensions"] += ["the newest chunk is always kept (kvpress: when it ranks)", "each sample chooses its "
+                                "own chunks (kvpress applies the first sample's choice to the whole batch)"]
+        return d
