@@ -72,6 +72,16 @@ class QuantGroup(Group):
         self.write_slots(i, st)
         return s.read(i)
 
+    def written(self, i: int, st, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The new pairs (B, H, T, D) as attention read them: dequantized from `key`/`value` (B, H, N, D), the
+        held pairs `write` returned (pads, written nowhere, read the last slot: the observe step masks them)."""
+        slot = st.slot.clamp(max=key.shape[2] - 1)  # (B, T)
+        return key[st.b_idx, :, slot].transpose(1, 2), value[st.b_idx, :, slot].transpose(1, 2)
+
+    def layer_pairs(self, i: int, N: int) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = self.store.read(i)  # (B, H, n.max(), D) dequantized
+        return k[:, :, :N], v[:, :, :N]
+
     def held(self, name: str, rows: torch.Tensor, sel, N: int) -> torch.Tensor:
         j = 0 if name == "k" else 1
         return torch.stack([self.store.read(i, rows)[j][:, :, :N] for i in range(len(self.layers))])
@@ -103,7 +113,8 @@ def nbytes_for(*, quant: KVQuant | None = None, **kwargs) -> int:
     """`kvbench.cache.storage.nbytes_for`, and with `quant` a quantized group's (built on the meta device too)."""
     if quant is None:
         return plain_nbytes_for(**kwargs)
-    a = dict(num_q_heads=None, query_window=0, rerotate=False, window=None) | kwargs
+    a = dict(num_q_heads=None, query_window=0, rerotate=False, window=None, own=None) | kwargs
     return QuantGroup(range(a["num_layers"]), a["batch_size"], a["num_kv_heads"], a["capacity"], a["head_dim"],
                       a["dtype"], "meta", a["track_attention"], a["num_q_heads"] or a["num_kv_heads"],
-                      a["query_window"], rerotate=a["rerotate"], sliding=a["window"], quant=quant).nbytes()
+                      a["query_window"], rerotate=a["rerotate"], sliding=a["window"], own=a["own"],
+                      quant=quant).nbytes()

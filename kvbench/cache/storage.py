@@ -74,6 +74,10 @@ class Group:
         device), slots [0, N): (L, B', H, N, D), what a policy's score reads."""
         return getattr(self, name)[:, sel, :, :N]
 
+    def layer_pairs(self, i: int, N: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer i's keys and values of slots [0, N), every row: (B, H, N, D) each (a scoring pass reads them)."""
+        return self.k[i][:, :, :N], self.v[i][:, :, :N]
+
     def held_bytes(self) -> int:
         """Bytes of the K/V pairs the rows hold now (every layer, head; K and V), in the cache's dtype."""
         return len(self.layers) * int(self.n.sum()) * 2 * self.k.shape[2] * self.k.shape[4] * self.k.element_size()
@@ -108,6 +112,11 @@ class Group:
         self.write_slots(i, st)
         N = st.n_keys
         return K[:, :, :N], V[:, :, :N]
+
+    def written(self, i: int, st, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This forward's new pairs of layer i as written (B, H, T, D) each (pads: the scratch slot); `key`/`value`
+        (B, H, N, D) are what `write` returned (a quantized group reads them there)."""
+        return self.k[i][st.b_idx, :, st.slot].transpose(1, 2), self.v[i][st.b_idx, :, st.slot].transpose(1, 2)
 
     def write_slots(self, i: int, st) -> None:
         """The written slots' positions, and their statistics zeroed, in layer i."""

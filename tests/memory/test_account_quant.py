@@ -19,6 +19,7 @@ from kvbench import memory
 from kvbench.attention import kv_attention
 from kvbench.cache import KVCache
 from kvbench.engine import generate_batch
+from kvbench.engine import loop as engine_loop
 from kvbench.policies import registry
 from kvbench.quant.qconfig import KVQuant
 from kvbench.quant.qsplit import nbytes_for
@@ -36,22 +37,33 @@ def quant_bytes(cache: KVCache) -> int:
 
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("name", sorted(registry()))
-def test_account_charges_the_quantized_cache_measured_at_every_forward(name, bits, tiny_llama):
+def test_account_charges_the_quantized_cache_measured_at_every_forward(name, bits, tiny_llama, monkeypatch):
     policy, model = _at_test_size(name), tiny_llama.model
+    policy.prepare(tiny_llama.tokenizer)  # as kvbench.engine.generate does
     quant = KVQuant(bits, 8, 8)
     shape = dataclasses.replace(memory.ModelShape.of(model), kv_quant=quant)
     acc = memory.account(shape, list(LENGTHS), policy, max_new_tokens=6).devices["cpu"]
     before = {id(c) for c in KVCache.live()}
-    seen, stores = [], []
+    seen, stores, in_pass, during_passes = [], [], [False], []
 
     def measure(module, args, kwargs):
         new = [c for c in KVCache.live() if id(c) not in before]
         stores.extend(g.store for c in new for g in c.groups if g.store not in stores)
-        seen.append(sum(quant_bytes(c) for c in new))
+        (during_passes if in_pass[0] else seen).append(sum(quant_bytes(c) for c in new))
 
-    hook = model.register_forward_pre_hook(measure, with_kwargs=True)
+    real_passes = engine_loop.run_passes
+
+    def run_passes(*a, **k):
+        in_pass[0] = True
+        try:
+            return real_passes(*a, **k)
+        finally:
+            in_pass[0] = False
+
+    monkeypatch.setattr(engine_loop, "run_passes", run_passes)
+    hook = model.get_decoder().register_forward_pre_hook(measure, with_kwargs=True)  # every forward, chunks too
     try:
-        with kv_attention(model), AllocatedBytes() as measured:
+        with kv_attention(model, hidden=policy.needs.hidden), AllocatedBytes() as measured:
             generate_batch(model, random_prompts(LENGTHS, seed=3), policy, max_new_tokens=6, kv_quant=quant)
     finally:
         hook.remove()
@@ -60,8 +72,9 @@ def test_account_charges_the_quantized_cache_measured_at_every_forward(name, bit
     L, B, H, _, D = s.rk.shape
     assert s.nbytes() == nbytes_for(batch_size=B, num_kv_heads=H, head_dim=D, capacity=s.capacity, dtype=s.dtype,
                                     bits=bits, group=8, residual=8, num_layers=L)
-    assert len(seen) >= 6 and all(0 < b <= acc.kv_cache for b in seen), (seen, acc.kv_cache)
+    assert len(seen) >= 6 and seen == list(acc.kv_steps), (seen, acc.kv_steps)  # forward by forward
     assert max(seen) == acc.kv_cache, (seen, acc.kv_cache)
+    assert (len(during_passes) > 0) == policy.needs.passes and all(b == max(seen) for b in during_passes)
     accounted = acc.kv_cache + acc.transient
     assert 0.99 * measured.peak <= accounted <= 1.15 * measured.peak, (accounted, measured.peak, accounted / measured.peak)
 
