@@ -4,8 +4,9 @@ The group keeps everything else of `Group` (positions, attention statistics, kep
 slot as before; only K/V change: they are stored quantized (KIVI's rule, kvbench.quant: per-channel keys,
 per-token values, the newest pairs in a full-precision window) and read back dequantized, one layer at a
 time, for attention (`write` returns the layer's held pairs dequantized, as `Group.write` returns its
-slots). A policy that scores keys or values reads them dequantized (`held`): scores are computed on the
-dequantized pairs, as attention sees them. Eviction keeps the chosen logical slots of the store
+slots). A policy that scores keys or values reads them dequantized (`held`), as do its observe step (the new
+pairs, `written`) and a scoring pass (a layer's pairs, `layer_pairs`): scores and a policy's own statistics are
+computed on the dequantized pairs, as attention sees them. Eviction keeps the chosen logical slots of the store
 (kvbench.quant.qkeep: values gathered exactly, changed key blocks re-quantized), so the evicted pairs'
 bytes go at once; re-rotation is refused (kvbench.quant.qconfig: it needs keys as written).
 
