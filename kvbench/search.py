@@ -21,6 +21,7 @@ that does not (b0).
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -30,6 +31,7 @@ from kvbench import engine, memory
 from kvbench.attention import resolve_backend
 from kvbench.budgets import head_rule
 from kvbench.config.candidates import search_candidates
+from kvbench.quant.qconfig import kv_quant
 
 log = logging.getLogger("kvbench")
 
@@ -98,11 +100,12 @@ def probe(cfg, lm, policy, ids: list[list[int]], batch_size: int, memory_limit: 
     """One trial: prefill + `search.decode_steps` decode steps of the worst-case batch, under `memory_limit`
     (kvbench.memory.MemoryLimit: accounted on CPU, a cap on CUDA; None: no limit)."""
     prompts = probe_prompts(ids, batch_size)
+    quant = kv_quant(cfg.gen)  # gen.kv_cache_dtype: the account charges and the engine builds the same cache
     acc = memory.account(
-        lm.model, [len(x) for x in prompts], policy, max_new_tokens=cfg.gen.max_new_tokens,
+        dataclasses.replace(memory.ModelShape.of(lm.model, lm.kinds), kv_quant=quant), [len(x) for x in prompts], policy, max_new_tokens=cfg.gen.max_new_tokens,
         prefill_chunk=cfg.gen.prefill_chunk, score_chunk=cfg.gen.score_chunk,
-        attention=resolve_backend(cfg.gen.attention, lm.model, policy.needs.attention, head_rule(policy).uneven,
-                                  lm.kinds),
+        attention=resolve_backend(cfg.gen.attention, lm.model, policy.needs.attention,
+                                  head_rule(policy).uneven or quant is not None, lm.kinds),
     )
     devices = memory.cuda_devices(lm.model)
     memory.release()  # a clean start: garbage from before the trial is not part of its level
@@ -122,7 +125,7 @@ def probe(cfg, lm, policy, ids: list[list[int]], batch_size: int, memory_limit: 
             lm.model, lm.tokenizer, prompts, policy, batch_size,
             max_new_tokens=cfg.gen.max_new_tokens, eos_token_ids=lm.eos_token_ids, ignore_eos=True,
             prefill_chunk=cfg.gen.prefill_chunk, score_chunk=cfg.gen.score_chunk, memory_limit=memory_limit,
-            decode_steps=cfg.search.decode_steps, attention=cfg.gen.attention, kinds=lm.kinds,
+            decode_steps=cfg.search.decode_steps, attention=cfg.gen.attention, kinds=lm.kinds, kv_quant=quant,
         )
     except Exception as e:
         if not memory.is_oom(e):

@@ -4,8 +4,9 @@ Axes (`AXES`): every registered policy (PyramidKV is the per-layer budget kind),
 the budget kind (`kv_size`, `kv_ratio` or kvpress's `compression_ratio`, or `kv_size_above`: a kv_size above every
 prompt + new tokens, which never evicts and must cost no more than the full cache), `mode` (run, serve, serve_limits), `serve.eviction` (policy, openvino),
 `gen.attention`, `policy.rerotate`, the model (tiny Llama with GQA, tiny Phi-3 without), the batch (1, or
-3 prompts of different lengths, left-padded), the model's dtype (float32, bfloat16) and `policy.head_budget`
-(uniform, or AdaKV's adaptive split of a layer's budget over its KV heads). A point of the product is a `Combo`.
+3 prompts of different lengths, left-padded), the model's dtype (float32, bfloat16), `policy.head_budget`
+(uniform, or AdaKV's adaptive split of a layer's budget over its KV heads). `Combo.kv_cache` (gen.kv_cache_dtype:
+auto, int8, int4) has its rules here and is not an axis yet (see AXES). A point of the product is a `Combo`.
 
 For each combination exactly one outcome is allowed, and `refusal` says which, from the documented
 rules alone (docs/matrix.md "Refused, and why", docs/serving.md "Checks and refusals"; serve mode's budget
@@ -57,8 +58,10 @@ AXES = {
     "batch": (1, 3),
     "dtype": ("float32", "bfloat16"),
     "head_budget": ("uniform", "adaptive"),
-}
+}  # Combo.kv_cache (gen.kv_cache_dtype) has its refusal rules below; it joins AXES once the product's record
+# (tests/data/matrix_product.json, `python -m tests.matrix_preflight`) is recomputed with it
 KV_SIZE, KV_RATIO, COMPRESSION_RATIO, EVICT_EVERY, NEW_TOKENS, SAMPLES, WINDOW = 48, 0.5, 0.75, 8, 6, 3, 16
+QUANT_GROUP = 16  # gen.kv_quant_group and _residual of a quantized combination: the tiny models' head size
 PROMPT_TOKENS, LAYERS, BLOCK = (161, 214, 273), 2, 16  # QUESTIONS' prompts; both tiny models' layers; serve.block_size
 OPENVINO = {"kv_size": 32 + 512 + 128, "protect_first": 32, "protect_recent": 128, "schedule": "decode_only"}  # its areas
 KV_ABOVE = 512  # kv_size_above: more than the longest prompt (273 tokens) + NEW_TOKENS, a whole number of blocks
@@ -130,6 +133,7 @@ class Combo:
     batch: int
     dtype: str
     head_budget: str = "uniform"
+    kv_cache: str = "auto"  # gen.kv_cache_dtype (quantized: groups of G = R = 16, the tiny models' head size)
 
     @property
     def id(self) -> str:
@@ -161,7 +165,13 @@ class Combo:
         knobs = [f"policy.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in self.knobs().items()]
         return [f"policy={self.policy}", f"mode={self.mode}", f"serve.eviction={self.eviction}",
                 f"gen.attention={self.attention}", f"model={self.model}", f"model.dtype={self.dtype}",
-                f"batch_size={self.batch}", *knobs]
+                f"batch_size={self.batch}", *knobs, *self.quant_overrides()]
+
+    def quant_overrides(self) -> list[str]:
+        if self.kv_cache == "auto":
+            return []
+        return [f"gen.kv_cache_dtype={self.kv_cache}", f"gen.kv_quant_group={QUANT_GROUP}",
+                f"gen.kv_quant_residual={QUANT_GROUP}"]
 
     @property
     def per_prompt(self) -> bool:
@@ -259,6 +269,11 @@ def violations(c: Combo) -> list[tuple[str, ...]]:
             out.append(("policy.head_budget",))  # heads of different counts: no shared rotary positions
         if c.mode == "serve_limits":
             out.append(("policy.head_budget",))  # the split needs attention scores, which serve_limits never computes
+    if c.kv_cache != "auto":
+        if c.serving:
+            out.append(("gen.kv_cache_dtype",))  # serve's paged pool is not quantized
+        if c.rerotate and c.evicts:
+            out.append(("policy.rerotate",))  # re-rotation rebuilds keys from copies a quantized cache does not hold
     if c.serving:
         if c.batch != 1:
             out.append(("batch_size",))  # the scheduler batches
@@ -301,7 +316,7 @@ def product(policies: tuple[str, ...] | None = None) -> list[Combo]:
 
 
 def _pairs(c: Combo) -> set[tuple]:
-    items = [(f.name, getattr(c, f.name)) for f in fields(Combo)]
+    items = [(f.name, getattr(c, f.name)) for f in fields(Combo) if f.name in AXES]  # the axes' values
     return set(itertools.combinations(items, 2))
 
 
@@ -337,8 +352,9 @@ def expected_extensions(c: Combo) -> tuple[list[str], list[str]]:
     """(substrings some extension must contain, substrings none may contain) for a run of `c`: every
     departure from the published method, and nothing that was not applied."""
     need, never = [], []
+    (need if c.kv_cache != "auto" else never).append(f"{c.kv_cache[3:]}-bit codes" if c.kv_cache != "auto" else "-bit codes")
     if not c.evicts:
-        return [], ["rerotate", "kv_ratio", "serve_block", "gqa", "GQA", "published", "head_budget"]
+        return need, never + ["rerotate", "kv_ratio", "serve_block", "gqa", "GQA", "published", "head_budget"]
     if c.policy == "streaming_llm":
         (never if c.rerotate else need).append("source positions kept")
         never.append("rerotate:")

@@ -58,15 +58,19 @@ def select(score: torch.Tensor, pos: torch.Tensor, last: torch.Tensor, n: torch.
 
 
 def gather(g, sel, kept: torch.Tensor, rows_of: dict[str, torch.Tensor], N: int, gather_layers: int,
-           inv_freq: torch.Tensor | None) -> None:
+           inv_freq: torch.Tensor | None, rows: torch.Tensor | None = None, keep: torch.Tensor | None = None) -> None:
     """Compact rows `sel` of every per-slot tensor of group `g` to the `kept` slots (L, B', H, K) of their N.
 
     rows_of: the (L, B', H, N) per-slot tensors of those rows (positions, statistics, written rotary
-    positions), as the score read them; K/V are gathered `gather_layers` layers at a time.
+    positions), as the score read them; K/V are gathered `gather_layers` layers at a time. A quantized group
+    (`g.store`) keeps its pairs itself: `rows` (B,) bool are the rows `sel` indexes, `keep` (B,) their counts.
     """
     K = kept.shape[-1]
     for name, x in rows_of.items():
         g.tensors()[name][:, sel, :, :K] = x.gather(-1, kept)
+    if g.store is not None:  # kvbench.cache.qgroup: quantized pairs kept by the store's own rule
+        g.keep(rows, kept, keep)
+        return
     D = g.k.shape[-1]
     for l0 in range(0, len(g.layers), gather_layers):
         layers = slice(l0, min(l0 + gather_layers, len(g.layers)))
@@ -97,6 +101,9 @@ def keep_newest(g, rows: torch.Tensor, keep: torch.Tensor, sinks: int, gather_la
             for l0 in range(0, len(g.layers), step):
                 src = x[l0 : l0 + step, sel, :, c - recent : c]  # a copy already when sel indexes rows
                 x[l0 : l0 + step, sel, :, sinks:k] = src.clone() if every and overlap else src
+        if g.store is not None:  # a quantized group: the same slots kept from its store
+            slots = torch.cat([torch.arange(sinks), torch.arange(c - recent, c)]).to(g.device)
+            g.keep(part, slots.expand(len(g.layers), int(part.sum()), g.pos.shape[2], k), keep)
 
 
 def trim_windows(groups, r: torch.Tensor, gather_layers: int) -> None:
@@ -139,8 +146,8 @@ def evict(g, rows: torch.Tensor, keep: torch.Tensor, policy: Policy, *, seen: to
         stats = ScoreContext(
             pos=t["pos"], last=last, sum_w=t.get("sum_w"), last_w=t.get("last_w"),
             n=h["n"][None, :, None, None], layers=h["layers"][:, None, None, None],
-            keys=g.k[:, sel, :, :N] if policy.needs.keys else None,
-            values=g.v[:, sel, :, :N] if policy.needs.values else None,
+            keys=g.held("k", rows, sel, N) if policy.needs.keys else None,
+            values=g.held("v", rows, sel, N) if policy.needs.values else None,
             queries=g.q[:, sel] if policy.needs.queries else None,
             query_pos=h["qpos"][None, :, None, :] if policy.needs.queries else None,
             scale=scale, rotary=None if observer is None else observer.rotary,
@@ -163,8 +170,9 @@ def evict(g, rows: torch.Tensor, keep: torch.Tensor, policy: Policy, *, seen: to
             kept = select(ranked, t["pos"], last, h["n"], h["keep"], 0, h["recent"], most=int(k_rows.max()),
                           ragged=bool((k_rows != k_rows.max()).any()), ranked=True)
         del ranked
+        held = keep if not uneven else torch.where(rows, 0, keep).index_put((rows,), host.amax(dim=(0, 2)))
         g.passed = None  # a scoring pass's statistic serves one compression
-        gather(g, sel, kept, t, N, gather_layers, inv_freq)
+        gather(g, sel, kept, t, N, gather_layers, inv_freq, rows, held)
         if h["shift"] is not None:  # kept queries follow the newest pairs
             rotate.queries_follow(g, sel, h["shift"][None, :, None, None], inv_freq)
         if uneven:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import weakref
+from functools import partial
 from typing import ClassVar
 
 import torch
@@ -23,8 +24,9 @@ from kvbench.budgets import Budgets
 from kvbench.cache import band, heads, linear_state, window
 from kvbench.cache import evict as eviction
 from kvbench.cache.layout import Step, device_steps, layout_forward
+from kvbench.cache.qgroup import QuantGroup, nbytes_for
 from kvbench.cache.sink import LayerSink
-from kvbench.cache.storage import Group, nbytes_for
+from kvbench.cache.storage import Group
 from kvbench.cache.views import LayerView
 from kvbench.policies.base import Policy
 from kvbench.timing import SectionTimer
@@ -33,7 +35,8 @@ from kvbench.timing import SectionTimer
 class KVCache(Cache):
     """The evicting KV cache of one batch (kvbench.cache). `layer_devices[l]` is decoder layer l's device;
     `budgets` the pairs layer l of sample b may hold (kvbench.budgets.Budgets, or its (L, B) tensor);
-    `rope_inv_freq`: re-rotate kept keys."""
+    `rope_inv_freq`: re-rotate kept keys; `quant`: K/V stored quantized (kvbench.quant.qconfig.KVQuant,
+    kvbench.cache.qgroup), None: in `dtype`."""
 
     _live: ClassVar[weakref.WeakSet] = weakref.WeakSet()  # every cache not yet freed (no gc needed to find them)
 
@@ -41,7 +44,7 @@ class KVCache(Cache):
                  dtype: torch.dtype, layer_devices: list[torch.device | str], track_attention: bool = False,
                  gather_layers: int = 4, num_q_heads: int | None = None, query_window: int = 0,
                  rope_inv_freq: torch.Tensor | None = None, budgets: torch.Tensor | None = None, windows=None,
-                 bands=None, linear=(), observer=None):
+                 bands=None, linear=(), quant=None, observer=None):
         self.batch_size_, self.heads, self.head_dim, self.dtype = batch_size, num_kv_heads, head_dim, dtype
         self.q_heads, self.query_window = num_q_heads or num_kv_heads, query_window
         self.rope_inv_freq = None if rope_inv_freq is None else rope_inv_freq.detach().float().cpu()  # (R/2,)
@@ -52,12 +55,13 @@ class KVCache(Cache):
         self.budgets = None if layer is None else layer.to(torch.long).cpu()  # (L, B)
         self.linear, self._groups, self._where = linear_state.build(  # layer -> (group, index in it); a hybrid's apart
             layer_devices, list(capacity) if isinstance(capacity, (list, tuple)) else [capacity], self.budgets, windows, bands, linear, self.rope_inv_freq is not None,
-            lambda gi, dev, layers, cap, row, w: Group(layers, batch_size, num_kv_heads, cap, head_dim, dtype, dev,
+            lambda gi, dev, layers, cap, row, w: (Group if quant is None else partial(QuantGroup, quant=quant))(layers, batch_size, num_kv_heads, cap, head_dim, dtype, dev,
                                                        track_attention, self.q_heads, query_window, budget=row, own=observer and observer.policy.needs,
                                                        rerotate=self.rope_inv_freq is not None, index=gi, sliding=w))
         self.seen = torch.zeros(batch_size, dtype=torch.long, device="cpu")  # real tokens processed per sample (CPU)
         self.qpos = torch.full((batch_size, query_window), -1, dtype=torch.long, device="cpu")  # positions of the kept queries
         self.peak_layer_pairs = 0  # max over time of sum over layers and samples of the pairs held
+        self.peak_kv_bytes = 0  # largest KV held at once (kept pairs, all layers and samples; K and V: `held_bytes`)
         self.evictions = self.step_keys = 0
         self._layout: tuple | None = None  # this forward's CPU layout (shared, per group)
         self._steps: dict[int, Step] = {}
@@ -95,11 +99,6 @@ class KVCache(Cache):
     def capacity(self) -> int:
         return max(g.capacity for g in self._groups)  # the most slots per sample of any layer
 
-    @property
-    def peak_kv_bytes(self) -> int:
-        """Largest KV cache held at once (kept pairs, all layers, all samples; K and V)."""
-        return self.peak_layer_pairs * 2 * self.heads * self.head_dim * torch.empty((), dtype=self.dtype, device="cpu").element_size()
-
     def allocated_bytes(self) -> int:
         """Bytes preallocated for the cache (K, V, positions, statistics, scratch slot; a hybrid's linear states)."""
         return sum(g.nbytes() for g in self._groups) + linear_state.nbytes(self.linear.values())
@@ -127,6 +126,7 @@ class KVCache(Cache):
         self.seen = self.seen + r
         held = sum(len(g.layers) * int(g.n.sum()) for g in self._groups)
         self.peak_layer_pairs = max(self.peak_layer_pairs, held)
+        self.peak_kv_bytes = max(self.peak_kv_bytes, sum(g.held_bytes() for g in self._groups))
         if self.rope_inv_freq is not None:  # a pair's rotary position is its slot (one count for every layer)
             return torch.where(shared["real"], self._groups[0].n[:, None] - r[:, None] + shared["j"],
                                torch.zeros_like(shared["j"]))

@@ -56,8 +56,7 @@ class LayerSink:
         """The policy's observe step over this forward's new pairs (key/value: the layer's held pairs after the write)."""
         g, i, st = self.g, self.i, self.step
         policy, rotary = self.observer.policy, self.observer.rotary
-        k = g.k[i][st.b_idx, :, st.slot].transpose(1, 2)  # (B, H, T, D) the new pairs, as written
-        v = g.v[i][st.b_idx, :, st.slot].transpose(1, 2)
+        k, v = g.written(i, st, key, value)  # (B, H, T, D) the new pairs, as the cache holds them
         state = {n: x[i] for n, x in g.rows.items()}  # (B, *shape) views: updated in place
         obs = Observation(layer=g.layers[i], module=module, hidden=hidden, positions=st.positions.long(), real=st.real,
                           query=query, key=k, value=v, scaling=scaling, state=state, rotary=rotary)

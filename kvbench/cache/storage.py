@@ -52,8 +52,8 @@ class Group:
         self.head_n = self.gap_end = None  # adaptive head budgets: each head's count and its hole (cache.heads)
         self.excess = torch.zeros(batch, dtype=torch.long, device="cpu")  # (B,) n - the heads' average (CPU)
         L, S = len(self.layers), capacity + 1
-        self.k = torch.zeros(L, batch, heads, S, head_dim, dtype=dtype, device=self.device)
-        self.v = torch.zeros_like(self.k)
+        self.store = None  # a quantized cache's pairs in place of k and v (kvbench.cache.qgroup)
+        self.k, self.v = self._pairs(L, batch, heads, S, head_dim, dtype)
         self.pos = torch.zeros(L, batch, heads, S, dtype=torch.int32, device=self.device)
         self.sum_w = torch.zeros(L, batch, heads, S, dtype=torch.float32, device=self.device) if track else None
         self.last_w = torch.zeros_like(self.sum_w) if track else None
@@ -66,6 +66,23 @@ class Group:
         self.own = {f"own:{n}": torch.zeros(L, batch, heads, S, dtype=torch.float32, device=self.device) for n in pair}
         self.rows = {n: torch.zeros(L, batch, *shape, dtype=torch.float32, device=self.device)
                      for n, shape in rows.items()}
+
+    def _pairs(self, L, batch, heads, S, head_dim, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        k = torch.zeros(L, batch, heads, S, head_dim, dtype=dtype, device=self.device)
+        return k, torch.zeros_like(k)
+
+    def held(self, name: str, rows: torch.Tensor, sel, N: int) -> torch.Tensor:
+        """Every layer's held keys (`name` "k") or values ("v") of the rows (B,) bool (`sel` indexes them on the
+        device), slots [0, N): (L, B', H, N, D), what a policy's score reads."""
+        return getattr(self, name)[:, sel, :, :N]
+
+    def layer_pairs(self, i: int, N: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer i's keys and values of slots [0, N), every row: (B, H, N, D) each (a scoring pass reads them)."""
+        return self.k[i][:, :, :N], self.v[i][:, :, :N]
+
+    def held_bytes(self) -> int:
+        """Bytes of the K/V pairs the rows hold now (every layer, head; K and V), in the cache's dtype."""
+        return len(self.layers) * int(self.n.sum()) * 2 * self.k.shape[2] * self.k.shape[4] * self.k.element_size()
 
     @property
     def load(self) -> torch.Tensor:
@@ -91,15 +108,24 @@ class Group:
         K, V = self.k[i], self.v[i]  # (B, H, C+1, D)
         K[st.b_idx, :, st.slot] = k.transpose(1, 2).to(K.dtype)  # (B, T, H, D) into the slots
         V[st.b_idx, :, st.slot] = v.transpose(1, 2).to(V.dtype)
-        self.pos[i][st.b_idx, :, st.slot] = st.positions[..., None]
         if self.k_src is not None:  # re-rotation: the key as written, and its rotary position (its slot)
             self.k_src[i][st.b_idx, :, st.slot] = K[st.b_idx, :, st.slot]
             self.rot[i][st.b_idx, :, st.slot] = st.slot.to(torch.int32)[..., None]
+        self.write_slots(i, st)
+        N = st.n_keys
+        return K[:, :, :N], V[:, :, :N]
+
+    def written(self, i: int, st, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This forward's new pairs of layer i as written (B, H, T, D) each (pads: the scratch slot); `key`/`value`
+        (B, H, N, D) are what `write` returned (a quantized group reads them there)."""
+        return self.k[i][st.b_idx, :, st.slot].transpose(1, 2), self.v[i][st.b_idx, :, st.slot].transpose(1, 2)
+
+    def write_slots(self, i: int, st) -> None:
+        """The written slots' positions, and their statistics zeroed, in layer i."""
+        self.pos[i][st.b_idx, :, st.slot] = st.positions[..., None]
         if self.sum_w is not None:
             self.sum_w[i][st.b_idx, :, st.slot] = 0.0
             self.last_w[i][st.b_idx, :, st.slot] = 0.0
-        N = st.n_keys
-        return K[:, :, :N], V[:, :, :N]
 
     def resize(self, capacity: int) -> None:
         """Reallocate to `capacity` slots (must hold every sample's pairs), freeing the rest."""

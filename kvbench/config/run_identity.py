@@ -10,7 +10,8 @@ every earlier version of kvbench, so it must never change for a run that compute
 - legacy rules: a key added after records existed is left out while it holds the value that computes
   what the records before it computed, so those records keep their hash:
   `memory.reserve_gb` at 0 (or null); `memory.limit_gb` hashed under its name before the rename, `budget_gb`; `policy.rerotate` false; `policy.kv_ratio` and
-  `policy.compression_ratio` null; `policy.head_budget` uniform and `policy.head_floor` 0.2; all of `serve.*` outside the serve modes; and in them
+  `policy.compression_ratio` null; `policy.head_budget` uniform and `policy.head_floor` 0.2; `gen.kv_*` (the quantized
+  cache's knobs) while `gen.kv_cache_dtype` is auto; all of `serve.*` outside the serve modes; and in them
   `serve.eviction=policy`, the goodput objectives `serve.slo_*` (they change no computation) and
   `serve.limit_cap` in mode=serve (only serve_limits reads it).
 
@@ -52,6 +53,8 @@ def _identity_of(container: dict, kind: str) -> dict:
         c["policy"] = {k: v for k, v in c["policy"].items()
                        if not (k == "rerotate" and not v) and not (k in ("kv_ratio", "compression_ratio") and v is None)
                        and not (k == "head_budget" and v == "uniform") and not (k == "head_floor" and v == 0.2)}
+    if isinstance(c.get("gen"), dict) and c["gen"].get("kv_cache_dtype", "auto") == "auto":  # not quantized: as
+        c["gen"] = {k: v for k, v in c["gen"].items() if not k.startswith("kv_")}  # before the knobs existed
     if c.get("mode") not in SERVE_MODES:  # serve.* only matters to the serve modes (older runs keep their hash)
         c.pop("serve", None)
     elif isinstance(c.get("serve"), dict):  # keys added later at their defaults, and goodput's objectives (they

@@ -29,6 +29,9 @@ class GenConfig:
     score_chunk: int = 64  # queries per chunk when computing attention weights for scores
     attention: str = "auto"  # auto | sdpa | flash | eager (the paper's: transformers' eager path) | fused (kvbench.attention)
     warmup: bool | None = None  # run one untimed batch first; null: on CUDA only (its lazy setup is not timed)
+    kv_cache_dtype: str = "auto"  # auto (the model's dtype) | int8 | int4: K/V stored quantized (KIVI, kvbench.quant)
+    kv_quant_group: int = 32  # G: numbers per scale and zero point (keys: G tokens of a channel; values: G channels)
+    kv_quant_residual: int = 32  # R: the newest pairs always held in full precision (the window holds R to R + G - 1)
 
 
 @dataclass

@@ -3,6 +3,7 @@ limit before anything is allocated; the model's EOS and pad ids."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 
@@ -43,6 +44,7 @@ def generate(
     attention: str = "auto",
     question_tokens: Sequence[int] | None = None,
     kinds=None,
+    kv_quant=None,
 ) -> GenerationOutput:
     """Greedy generation of `prompts` (strings or token ids) in batches under `policy`.
 
@@ -54,7 +56,8 @@ def generate(
     tokens that are the question, prefilled after the context's compression (query-agnostic); `kinds`: the
     model's attention kinds (kvbench.models.family) when the caller has read them and checked them against this
     policy and sequences at least this long (`family.check_policy`, as `kvbench.run` does once per run; None:
-    read and checked here). A
+    read and checked here);
+    `kv_quant`: K/V stored quantized (kvbench.quant.qconfig.KVQuant; never with flash: auto resolves to SDPA). A
     backend that cannot run the policy raises kvbench.attention.UnsupportedBackend.
     """
     ids = encode(tokenizer, prompts, add_special_tokens) if prompts and isinstance(prompts[0], str) else [
@@ -68,8 +71,9 @@ def generate(
         eos_token_ids = eos_ids(model, tokenizer)
     pad = pad_id(model, tokenizer)
     geometry = model_geometry(model, kinds)
-    shape = memory.ModelShape.of(model, kinds)
-    backend = resolve_backend(attention, model, policy.needs.attention, head_rule(policy).uneven, kinds)
+    shape = dataclasses.replace(memory.ModelShape.of(model, kinds), kv_quant=kv_quant)
+    backend = resolve_backend(attention, model, policy.needs.attention, head_rule(policy).uneven or kv_quant is not None,
+                              kinds)
     out = GenerationOutput(token_ids=[], prompt_tokens=[len(x) for x in ids], attention=backend)
     qs = list(question_tokens) if question_tokens is not None else [0] * len(ids)
     batches = [(ids[s : s + batch_size], qs[s : s + batch_size]) for s in range(0, len(ids), batch_size)]
@@ -92,7 +96,8 @@ def generate(
         return generate_batch(model, batch, policy, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,
                               pad_token_id=pad, ignore_eos=ignore_eos, prefill_chunk=prefill_chunk,
                               observer=observer, geometry=geometry, decode_steps=decode_steps,
-                              question_tokens=question, attention=backend, score_chunk=score_chunk)
+                              question_tokens=question, attention=backend, score_chunk=score_chunk,
+                              kv_quant=kv_quant)
 
     with kv_attention(model, hidden=policy.needs.hidden):
         if warmup:

@@ -105,14 +105,15 @@ def generate_batch(model, ids: list[list[int]], policy: Policy, *, max_new_token
                    eos_token_ids: Sequence[int] = (), pad_token_id: int = 0, ignore_eos: bool = False,
                    prefill_chunk: int | None = None, observer=None, geometry: dict | None = None,
                    decode_steps: int | None = None, question_tokens: list[int] | None = None,
-                   attention: str = "sdpa", score_chunk: int = SCORE_CHUNK) -> tuple[list[list[int]], dict]:
+                   attention: str = "sdpa", score_chunk: int = SCORE_CHUNK,
+                   kv_quant=None) -> tuple[list[list[int]], dict]:
     """Greedy-generate for one batch of token-id prompts (inside `kvbench.attention.kv_attention(model)`).
     Returns (token ids per prompt, stats). `attention`: the backend, already resolved (kvbench.attention.resolve).
 
     `decode_steps`: stop after this many decode steps (a probe); the cache is sized for max_new_tokens.
     `question_tokens`: per prompt, its last tokens that are the question (query-agnostic, kvbench.engine).
     """
-    geometry = geometry or model_geometry(model)
+    geometry = {**(geometry or model_geometry(model)), "quant": kv_quant}  # the cache's K/V quantized or not
     if question_tokens is not None and not any(question_tokens):
         question_tokens = None
     batch = Batch(model, ids, policy, max_new_tokens, pad_token_id, geometry, prefill_chunk, question_tokens)

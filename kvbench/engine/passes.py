@@ -69,7 +69,7 @@ class PassStep:
         g, i = self.cache._where[layer]
         N = int(g.n.max())
         n = g.n.to(query.device)
-        held_k, held_v = g.k[i][:, :, :N], g.v[i][:, :, :N]  # (B, H_kv, N, D)
+        held_k, held_v = g.layer_pairs(i, N)  # (B, H_kv, N, D)
         T = query.shape[2]
         t = torch.arange(T, device=query.device)
         own = (t[None, :] <= t[:, None])[None] & self.real[:, None, :]  # (B, T, T) causal over real own keys

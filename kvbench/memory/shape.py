@@ -37,6 +37,7 @@ class ModelShape:
     onload: dict[str, int] = field(default_factory=dict)  # the largest offloaded layer's weights per device
     linear: tuple = ()  # a hybrid's linear-attention layers (no K/V; kvbench.models.family.hybrid)
     state_bytes_per_sequence: int = 0  # their conv + recurrent states, per sequence, whatever its length
+    kv_quant: object = None  # gen.kv_cache_dtype's settings (kvbench.quant.qconfig.KVQuant); None: the model dtype
 
     @property
     def elem(self) -> int:

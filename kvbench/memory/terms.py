@@ -12,6 +12,7 @@ import torch
 
 from kvbench.budgets import head_rule
 from kvbench.cache import KVCache
+from kvbench.memory import qterms
 from kvbench.memory.shape import ModelShape
 
 HIDDEN_BUFFERS = 4  # (B, T, h) tensors alive through a decoder layer
@@ -71,6 +72,9 @@ def forward_bytes(
             alive = min(T, 2 * chunk)  # queries whose scores are alive: a chunk's, while the last one's still are
             scores = B * Hq * alive * (N * a + D * e) + B * min(T, chunk) * N + stats
             phases.append(qkv + 2 * q + scores)
+    if s.kv_quant is not None:  # a quantized cache (kvbench.memory.qterms): the read pairs, alive through attention
+        phases = phases[:2] + [p + qterms.held_bytes(s, B, N) for p in phases[2:]] + [
+            qkv + 2 * q + max(qterms.read_bytes(s, B, N), qterms.write_bytes(s, B, T, N))]
     if observe:
         phases.append(qkv + 2 * q + observe)
     if logits:
@@ -95,6 +99,8 @@ def evict_bytes(s: ModelShape, L: int, B: int, N: int, rows: int, keep: int, pol
         gather = max(gather, min(GATHER_LAYERS, L) * s.kv_heads * rows * keep * per_key)  # after the gathers
     needs = nd  # a subset of the rows: the keys / values the score reads are copied out (advanced indexing)
     keys = (needs.keys + needs.values) * L * rows * s.kv_heads * N * s.head_dim * s.elem if rows < B else 0
+    if s.kv_quant is not None:  # kvbench.memory.qterms: a quantized group reads its pairs and keeps them itself
+        keys, gather = qterms.scored_bytes(s, L, rows, N, policy), qterms.keep_bytes(s, rows, N, keep)
     keys += L * rows * s.q_heads * policy.needs.queries * s.head_dim * s.elem if rows < B else 0  # kept queries
     if nd.observes and rows < B:  # its row state, as the score reads it (needs.row_state)
         keys += 4 * L * rows * nd.row_elements(s.q_heads, s.kv_heads, s.head_dim)
@@ -116,7 +122,8 @@ def cache_bytes(s: ModelShape, B: int, L: int, slots: int, policy, window: int |
     return KVCache.nbytes_for(
         batch_size=B, num_layers=L, num_kv_heads=s.kv_heads, head_dim=s.head_dim, capacity=slots, dtype=s.dtype,
         track_attention=policy.needs.attention, num_q_heads=s.q_heads, query_window=policy.needs.queries,
-        rerotate=policy.rerotate and policy.evicts, window=window, own=policy.needs if policy.needs.observes else None,
+        rerotate=policy.rerotate and policy.evicts, window=window, quant=s.kv_quant,
+        own=policy.needs if policy.needs.observes else None,
     )
 
 

@@ -64,3 +64,10 @@ def check_kv_cache(kv_cache_dtype: str = "auto", group=DEFAULT_GROUP, residual=D
         raise ConfigError("gen.kv_cache_dtype", f"int4 packs two codes a byte: the model's head_dim {head_dim} is odd",
                           kv_cache_dtype)
     return KVQuant(bits, group, residual)
+
+
+def kv_quant(gen, *, rerotate: bool = False, head_dim: int | None = None) -> KVQuant | None:
+    """`check_kv_cache` on a run's `gen` config node (keys absent, as in records older than the knob: defaults)."""
+    return check_kv_cache(gen.get("kv_cache_dtype", "auto"), gen.get("kv_quant_group", DEFAULT_GROUP),
+                          gen.get("kv_quant_residual", DEFAULT_RESIDUAL), attention=gen.get("attention", "auto"),
+                          rerotate=rerotate, head_dim=head_dim)

@@ -22,8 +22,9 @@ from kvbench.errors import ConfigError
 from kvbench.memory import is_oom
 from kvbench.models import family
 from kvbench.models.base import LoadedModel
+from kvbench.quant.qconfig import kv_quant
 from kvbench.run import models, modes
-from kvbench.run.record import memory_fields, new_record, task_extensions
+from kvbench.run.record import memory_fields, new_record, quant_extensions, task_extensions
 from kvbench.run.signals import SIGNALS, TermGuard, Terminated
 from kvbench.run.store import save
 from kvbench.scoring import prompt_stats
@@ -121,6 +122,7 @@ def _prompts(cfg: DictConfig, record: dict, lm: LoadedModel, policy, task, promp
     record["model_family"] = f"{kinds.family}: {kinds.describe()}"
     described = policy.describe(gqa=kinds.gqa, paged=serve_mode)
     record["extensions"] = described["extensions"] + task_extensions(task, cfg.gen.max_new_tokens)
+    record["extensions"] += quant_extensions(kv_quant(cfg.gen))
     windows, bands = family.split_windows(kinds.windows, max(map(len, ids), default=0) + cfg.gen.max_new_tokens,
                                           policy.kv_size if policy.evicts else None)
     record["compressed_layers"] = [i for i, w in enumerate(windows) if w is None and i not in kinds.linear] \

@@ -149,6 +149,16 @@ def memory_fields(lm: LoadedModel | None, acc: memory.Account | None) -> dict:
     }
 
 
+def quant_extensions(q) -> list[str]:
+    """What a quantized cache (kvbench.quant.qconfig.KVQuant, None: none) changes in a run, for its extensions."""
+    if q is None:
+        return []
+    return [f"K/V cache stored in {q.bits}-bit codes (KIVI's rule, asymmetric min/max: keys per channel over {q.group} "
+            f"tokens, values per token over {q.group} channels; the newest {q.residual} to {q.residual + q.group - 1} "
+            "pairs in the model's dtype); attention and the policy's scores read the pairs dequantized; an eviction "
+            "gathers kept values as they are and re-quantizes each key block whose tokens changed"]
+
+
 def task_extensions(task, new_tokens: int) -> list[str]:
     """The task's departures from its published definition (RULER's), a generation length (`new_tokens`,
     gen.max_new_tokens) other than the task's, and a query-agnostic run said as one."""

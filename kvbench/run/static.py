@@ -17,6 +17,7 @@ from kvbench.attention import resolve_backend
 from kvbench.budgets import head_rule
 from kvbench.errors import OutOfMemory
 from kvbench.models.base import LoadedModel
+from kvbench.quant.qconfig import kv_quant
 from kvbench.run.record import memory_fields
 from kvbench.scoring import predictions
 
@@ -27,6 +28,11 @@ def warmup_of(cfg: DictConfig, model) -> bool:
     """gen.warmup, or when null: on CUDA (lazy init, cuBLAS setup, flash's first call kept out of the timings)."""
     w = cfg.gen.get("warmup")
     return bool(w) if w is not None else model.device.type == "cuda"
+
+
+def kv_quant_of(cfg: DictConfig, lm: LoadedModel):
+    """gen.kv_cache_dtype's quantized cache (kvbench.quant.qconfig.KVQuant), None for the model's dtype."""
+    return kv_quant(cfg.gen, head_dim=lm.kinds.head_dim)
 
 
 def question_tokens(task, lm: LoadedModel, samples, ids) -> list[int] | None:
@@ -59,6 +65,7 @@ def execute(
         attention=cfg.gen.attention,
         question_tokens=question_tokens(task, lm, samples, ids),
         kinds=lm.kinds,
+        kv_quant=kv_quant_of(cfg, lm),
     )
     rows, metrics, lengths = predictions(task, samples, ids, out.token_ids, lm, cfg.output.save_prompt_ids)
     record.update(
@@ -117,7 +124,7 @@ def clamp_batch_size(record: dict, batch_size: int, n: int) -> int:
 def run_static(cfg: DictConfig, record: dict, lm: LoadedModel, policy, task, samples, ids, memory_limit) -> list[dict]:
     """mode=run: static batches (a fixed batch size, or the largest the search finds), then scores."""
     record["attention"] = resolve_backend(cfg.gen.attention, lm.model, policy.needs.attention,
-                                          head_rule(policy).uneven, lm.kinds)
+                                          head_rule(policy).uneven or kv_quant_of(cfg, lm) is not None, lm.kinds)
     batch_size = clamp_batch_size(record, cfg.batch_size, len(ids))
     if cfg.search.max_batch:
         batch_size = search_batch_size(cfg, record, lm, policy, ids, memory_limit)

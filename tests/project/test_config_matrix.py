@@ -16,6 +16,7 @@ what really ran (not against the code that wrote it):
   pages in use during a step times a page's K/V bytes;
 - one prediction per sample, every token generated; `mode`, `batch_size`, `evict_every`, `schedule`,
   `kv_size`, `kv_ratio` as applied (null where not applied);
+- a static run's cache stores K/V in the bits gen.kv_cache_dtype asks for (a quantized store) or in the model's dtype;
 - `extensions` name every departure from the published method and nothing that was not applied
   (tests/matrix.py's table of departures);
 - the W&B run (a stand-in `wandb` module) carries the same identity and summary, budgets and serving
@@ -96,6 +97,7 @@ class Spy:
         self.serve_steps = 0
         self.most_pages = 0
         self.serve_budgets: list[torch.Tensor] = []  # each admitted request's (L, H) budgets
+        self.quant_bits: set[int | None] = set()  # the bits of every static cache group's K/V (None: the model's dtype)
 
     def install(self, mp: pytest.MonkeyPatch) -> None:
         for kernel in (static_attention.sdpa, static_attention.flash, static_attention.eager, static_attention.fused):
@@ -125,6 +127,7 @@ class Spy:
             batch.cache.spy_lengths = torch.tensor([len(x) for x in ids])
             batch.cache.spy_prefill = policy.evicts_in_prefill
             batch.cache.spy_once = policy.once
+            self.quant_bits |= {None if g.store is None else g.store.key_rule.bits for g in batch.cache.groups}
         return wrapped
 
     def begin_forward(self, fn):
@@ -293,6 +296,8 @@ def check_record(c: Combo, rec: dict, spy: Spy) -> None:
         assert rec["kv_budget"] == {"by": by, "min": min(held), "max": max(held),
                                     "per_layer": spy.per_layer}
         assert not spy.per_layer or c.policy == "pyramidkv"  # PyramidKV's may still be one budget (its fallback)
+    if not serve:  # the cache the run built stores K/V as gen.kv_cache_dtype says
+        assert spy.quant_bits == {None if c.kv_cache == "auto" else int(c.kv_cache[3:])}, spy.quant_bits
     if serve:
         dim = GEOMETRY[c.model][2]
         page_kv = 2 * BLOCK * dim * ELEM[c.dtype]  # K and V of one page: block_size slots of one (layer, KV head)

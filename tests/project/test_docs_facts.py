@@ -76,6 +76,11 @@ REFUSED = {
         replace(BASE, policy="window", schedule="after_prefill", head_budget="adaptive"),
     "`policy.head_budget=adaptive` with a schedule other than `after_prefill`, or `rerotate`":
         replace(BASE, policy="snapkv", head_budget="adaptive"),
+    "`gen.kv_cache_dtype` `int8` or `int4` in `mode=serve` or `serve_limits`": replace(SERVE, kv_cache="int4"),
+    "`gen.kv_cache_dtype` `int8` or `int4` with `policy.rerotate=true`": replace(BASE, kv_cache="int8", rerotate=True),
+    "`gen.kv_cache_dtype` `int8` or `int4` with `gen.attention=flash`":
+        [*TINY, "gen.kv_cache_dtype=int4", "gen.kv_quant_group=16", "gen.attention=flash"],
+    "`gen.kv_quant_group` that does not divide the model's head size": [*TINY, "gen.kv_cache_dtype=int8"],
     "`policy.head_budget=adaptive` with `mode=serve_limits`":
         replace(BASE, policy="snapkv", schedule="after_prefill", mode="serve_limits", head_budget="adaptive"),
 }
