@@ -55,8 +55,8 @@ def write_bytes(s: ModelShape, B: int, T: int, N: int) -> int:
 
 def scored_bytes(s: ModelShape, L: int, rows: int, N: int, policy) -> int:
     """The keys and values a policy's score reads from `rows` of a quantized group: every layer's, dequantized and
-    stacked (the reads and the stack alive together)."""
-    return (policy.needs.keys + policy.needs.values) * 2 * L * rows * s.kv_heads * N * s.head_dim * s.elem
+    stacked. The layers' reads are as large again, alive only while they are stacked (kvbench.memory.terms)."""
+    return (policy.needs.keys + policy.needs.values) * L * rows * s.kv_heads * N * s.head_dim * s.elem
 
 
 def keep_bytes(s: ModelShape, rows: int, N: int, keep: int) -> int:

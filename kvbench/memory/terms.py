@@ -99,8 +99,10 @@ def evict_bytes(s: ModelShape, L: int, B: int, N: int, rows: int, keep: int, pol
         gather = max(gather, min(GATHER_LAYERS, L) * s.kv_heads * rows * keep * per_key)  # after the gathers
     needs = nd  # a subset of the rows: the keys / values the score reads are copied out (advanced indexing)
     keys = (needs.keys + needs.values) * L * rows * s.kv_heads * N * s.head_dim * s.elem if rows < B else 0
+    stacking = 0
     if s.kv_quant is not None:  # kvbench.memory.qterms: a quantized group reads its pairs and keeps them itself
         keys, gather = qterms.scored_bytes(s, L, rows, N, policy), qterms.keep_bytes(s, rows, N, keep)
+        stacking = keys  # the layers' reads: alive with the stack only while it is built, before the score
     keys += L * rows * s.q_heads * policy.needs.queries * s.head_dim * s.elem if rows < B else 0  # kept queries
     if nd.observes and rows < B:  # its row state, as the score reads it (needs.row_state)
         keys += 4 * L * rows * nd.row_elements(s.q_heads, s.kv_heads, s.head_dim)
@@ -108,7 +110,7 @@ def evict_bytes(s: ModelShape, L: int, B: int, N: int, rows: int, keep: int, pol
                              head_dim=s.head_dim, elem=s.elem)  # freed before the sort and the gather start
     pairs = L * rows * s.kv_heads * N
     heads = pairs * head_rule(policy).transient  # the head rule's counts (AdaKV's), 0 under uniform budgets
-    return pairs * copies + keys + max(pairs * EVICT_BYTES + gather, pairs * 4 + own, heads)
+    return pairs * copies + keys + max(pairs * EVICT_BYTES + gather, pairs * 4 + own, heads, stacking)
 
 
 def trim_bytes(s: ModelShape, L: int, rows: int, keep: int) -> int:

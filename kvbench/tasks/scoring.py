@@ -9,6 +9,7 @@ a run never reports a score of 0 because the scorer could not be loaded.
 from __future__ import annotations
 
 import functools
+import logging
 from decimal import Decimal, InvalidOperation
 
 ROUGE_KEYS = ("rouge1", "rouge2", "rougeL")
@@ -20,7 +21,13 @@ def rouge_scorer():
         from rouge_score import rouge_scorer as rs
     except ImportError as e:
         raise ImportError("ROUGE scoring needs the rouge-score package (pip install rouge-score)") from e
-    return rs.RougeScorer(list(ROUGE_KEYS), use_stemmer=True)
+    absl = logging.getLogger("absl")  # rouge-score logs "Using default tokenizer." at INFO through absl: a command's
+    level = absl.level  # stderr holds kvbench's own lines only (a refusal is one line)
+    absl.setLevel(max(level, logging.WARNING))
+    try:
+        return rs.RougeScorer(list(ROUGE_KEYS), use_stemmer=True)
+    finally:
+        absl.setLevel(level)
 
 
 def rouge(prediction: str, references: list[str]) -> dict[str, float]:
