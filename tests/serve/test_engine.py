@@ -85,8 +85,6 @@ def test_after_prefill_preempted_mid_generation_matches_the_static_engine(tiny_l
     """A request preempted after it began generating is recomputed as it was computed: its prompt compressed at
     the prompt's end (not over prompt + output), then its output replayed; so its tokens stay the static engine's."""
     policy = _after_prefill(registry()[name])
-    if policy.needs.passes:
-        pytest.skip("scoring passes are refused in serve mode (tests/policies/test_kvzip.py)")
     assert_preempted_serve_is_static(tiny_llama, policy, monkeypatch)
 
 
