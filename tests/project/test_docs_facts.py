@@ -73,7 +73,8 @@ REFUSED = {
         replace(BASE, policy="window", schedule="after_prefill", head_budget="adaptive"),
     "`policy.head_budget=adaptive` with a schedule other than `after_prefill`, or `rerotate`":
         replace(BASE, policy="snapkv", head_budget="adaptive"),
-    "`policy.head_budget=adaptive` with `mode=serve_limits`":
+    "`policy.head_budget=adaptive`, `global` or `layerwise` (KVzip's default and its other ranking) with "
+    "`mode=serve_limits`":
         replace(BASE, policy="snapkv", schedule="after_prefill", mode="serve_limits", head_budget="adaptive"),
 }
 THAT_KEY = {"`policy=full` with `kv_ratio` or `compression_ratio`": "policy.kv_ratio",
