@@ -247,8 +247,8 @@ def violations(c: Combo) -> list[tuple[str, ...]]:
             out.append(("policy.head_budget",))  # its own ranking (global or layerwise)
         if c.rerotate:
             out.append(("policy.head_budget", "policy.rerotate"))  # heads of different counts
-        if c.serving and c.evicts:
-            out.append(("mode",))  # no scoring pass in serve mode
+        if c.mode == "serve_limits" and c.evicts:
+            out.append(("policy.head_budget",))  # its ranking needs the passes' scores, which serve_limits never computes
     if c.policy in HEAD_PATTERN:  # DuoAttention: its head pattern is the budget
         if c.serving and c.schedule != "after_prefill":
             out.append(("policy.head_budget",))  # serve splits a request's heads once, when its prefill ends

@@ -74,9 +74,6 @@ def check_serve(cfg: DictConfig) -> None:
         return  # the policy's own error is raised below, naming its override
     if not policy.evicts:
         return
-    if policy.needs.passes:
-        raise ConfigError("mode", f"{policy.name} scores pairs with extra forwards over each context, which mode=serve "
-                          "does not run: use mode=run", cfg.mode)
     rule = head_rule(policy)
     if rule.needs_score and cfg.mode == "serve_limits":
         raise ConfigError("policy.head_budget", f"{policy.head_budget} head budgets split a layer's pairs by scores, "

@@ -1,91 +1,15 @@
-"""Scoring passes: a policy's extra forwards over token sequences built from each row's context (KVzip's
-reconstruction passes), run at its compression point (schedule=after_prefill: after the prompt, before the first
-decode step; query-agnostic runs: before the question).
-
-The policy (`needs.passes`) gives each row's passes (`Policy.scoring_passes(context ids)` -> `ScoringPass`es: the
-ids fed and the context positions [start, end) the pass scores). Pass i of every row that has one runs in one
-forward of the decoder, rows left-padded, at the positions after the row's context. Each layer's queries attend
-to every pair the cache holds and to the pass's own earlier pairs (the model's full causal attention, so later
-layers see what the model computes); the pass's own K/V are the layer's transient, never written to the cache
-(kvpress writes them to the cache and truncates after: the same keys, less memory). At each layer the policy's
-`pass_scores(PassContext)` gives a (B, H_kv, N) statistic per held pair; the engine keeps its running max over
-passes per (layer, row, head, pair), handed to the eviction as `ScoreContext.passed` (then dropped).
+"""The static engine's scoring passes (kvbench.attention.passes), run at the policy's compression point
+(schedule=after_prefill: after the prompt, before the first decode step; query-agnostic runs: before the question),
+over the cache's held pairs; the running max is left on each group of layers (`Group.passed`) for the eviction.
 Timed as the "score_pass" section (the record's `score_pass_s`, inside `prefill_s`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
-from kvbench.attention.interface import _hand_hidden, attention_modules
-
-
-@dataclass
-class PassContext:
-    """What a policy's `pass_scores` sees at one layer of one pass; B rows, T pass tokens (left-padded), N held.
-
-    query:    (B, H_q, T, D) the pass's queries, RoPE applied
-    keys:     (B, H_kv, N, D) the pairs the layer holds (slots >= n empty); values likewise
-    own_keys: (B, H_kv, T, D) the pass's own keys (RoPE applied), pads included (see `real`)
-    n:        (B,) pairs held per row; start, end: (B,) the context positions (= slots) the row's pass scores
-              (start = end: the row has no pass this round)
-    real:     (B, T) bool, the pass's real tokens
-    hidden:   (B, T, h) the hidden states entering the layer's attention (after its input norm)
-    module:   the layer's attention module (o_proj: KVzip+); scale: the softmax scale
-    """
-
-    query: torch.Tensor
-    keys: torch.Tensor
-    values: torch.Tensor
-    own_keys: torch.Tensor
-    n: torch.Tensor
-    start: torch.Tensor
-    end: torch.Tensor
-    real: torch.Tensor
-    scale: float
-    layer: int
-    module: object = None
-    hidden: torch.Tensor | None = None
-
-
-class PassStep:
-    """The `kvbench_step` of one scoring pass: full attention over the held pairs + the pass's own, and the
-    policy's per-pair statistic folded into `state` (layer -> (B, H_kv, N) running max)."""
-
-    def __init__(self, cache, policy, state: dict, start, end, real):
-        self.cache, self.policy, self.state = cache, policy, state
-        self.start, self.end, self.real = start, end, real  # (B,), (B,), (B, T) on the model's device
-        self.hidden_states: dict = {}
-
-    def hidden(self, layer: int, states: torch.Tensor) -> None:
-        self.hidden_states[layer] = states
-
-    def attend(self, module, query, key, value, scaling, kwargs) -> torch.Tensor:
-        """query (B, Hq, T, D), key/value (B, H_kv, T, D): the pass's own. Returns the output (B, T, Hq, D)."""
-        layer = module.layer_idx
-        g, i = self.cache._where[layer]
-        N = int(g.n.max())
-        n = g.n.to(query.device)
-        held_k, held_v = g.layer_pairs(i, N)  # (B, H_kv, N, D)
-        T = query.shape[2]
-        t = torch.arange(T, device=query.device)
-        own = (t[None, :] <= t[:, None])[None] & self.real[:, None, :]  # (B, T, T) causal over real own keys
-        held = (torch.arange(N, device=query.device)[None, :] < n[:, None])[:, None, :].expand(-1, T, -1)
-        mask = torch.cat([held, own], dim=-1)[:, None]  # (B, 1, T, N + T)
-        out = F.scaled_dot_product_attention(query, torch.cat([held_k, key], 2), torch.cat([held_v, value], 2),
-                                             attn_mask=mask, scale=scaling, enable_gqa=True)
-        ctx = PassContext(query=query, keys=held_k, values=held_v, own_keys=key, n=n, start=self.start,
-                          end=self.end, real=self.real, scale=scaling, layer=layer, module=module,
-                          hidden=self.hidden_states.pop(layer, None))
-        s = self.policy.pass_scores(ctx)  # (B, H_kv, N)
-        prev = self.state.get(layer)
-        if prev is not None and prev.shape[-1] < N:
-            prev = F.pad(prev, (0, N - prev.shape[-1]))
-        self.state[layer] = s if prev is None else torch.maximum(prev, s)
-        return out.transpose(1, 2).contiguous()
+from kvbench.attention.passes import run_rows
 
 
 def run_passes(batch, policy, forward) -> None:
@@ -95,39 +19,19 @@ def run_passes(batch, policy, forward) -> None:
     seen = cache.seen.tolist()
     per_row = [policy.scoring_passes(batch.prompts[b, :s].tolist()) for b, s in enumerate(seen)]
     state: dict = {}
-    # the hidden states entering each attention (KVzip+'s norm): the model's own activations, for the passes only
-    hooks = [m.register_forward_pre_hook(_hand_hidden, with_kwargs=True) for m in attention_modules(forward.model)]
-    try:
-        with cache.timer("score_pass", cache.devices):
-            for r in range(max((len(p) for p in per_row), default=0)):
-                one_pass(forward, cache, policy, state, [p[r] if r < len(p) else None for p in per_row], seen,
-                         batch.pad_id)
-    finally:
-        for h in hooks:
-            h.remove()
+    with cache.timer("score_pass", cache.devices):
+        run_rows(forward.model, _cache_pairs(cache), policy, state, per_row, seen, batch.pad_id)
     for g in cache.groups:
         if g.sliding is None and g.layers and g.layers[0] in state:
             N = max(state[la].shape[-1] for la in g.layers)
             g.passed = torch.stack([F.pad(state[la], (0, N - state[la].shape[-1])) for la in g.layers])
 
 
-def one_pass(forward, cache, policy, state: dict, rows: list, seen: list[int], pad_id: int) -> None:
-    """One forward of the decoder over pass `rows` (a ScoringPass or None per row), left-padded."""
-    T = max(len(p.ids) for p in rows if p is not None)
-    B = len(rows)
-    ids = torch.full((B, T), pad_id, dtype=torch.long, device="cpu")  # built on the host (a meta default device too)
-    pos = torch.zeros((B, T), dtype=torch.long, device="cpu")
-    real = torch.zeros((B, T), dtype=torch.bool, device="cpu")
-    span = torch.zeros((2, B), dtype=torch.long, device="cpu")
-    for b, p in enumerate(rows):
-        if p is None:
-            continue
-        q = len(p.ids)
-        ids[b, T - q:] = torch.tensor(p.ids, dtype=torch.long, device="cpu")
-        pos[b, T - q:] = torch.arange(seen[b], seen[b] + q, device="cpu")
-        real[b, T - q:] = True
-        span[:, b] = torch.tensor([p.start, p.end], device="cpu")
-    dev = forward.dev
-    span, real = span.to(dev), real.to(dev)
-    step = PassStep(cache, policy, state, span[0], span[1], real)
-    forward.base(input_ids=ids.to(dev), position_ids=pos.to(dev), use_cache=False, kvbench_step=step)
+def _cache_pairs(cache):
+    """`held` over the static cache: each layer's slots up to the batch's most pairs held (a quantized group's
+    read dequantized, as attention reads them: `Group.layer_pairs`)."""
+    def held(layer: int):
+        g, i = cache._where[layer]
+        k, v = g.layer_pairs(i, int(g.n.max()))  # (B, H_kv, N, D) each
+        return k, v, g.n
+    return held

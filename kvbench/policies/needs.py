@@ -10,7 +10,7 @@ keys:      the cached keys (RoPE applied)
 values:    the cached values
 queries:   the newest W queries processed (RoPE applied), with their positions and the softmax scale
 passes:    scoring passes: extra forwards over token sequences built from each row's context, run at the
-           compression point (`Policy.scoring_passes`, `Policy.pass_scores`; kvbench.engine.passes), whose per-pair
+           compression point (`Policy.scoring_passes`, `Policy.pass_scores`; kvbench.attention.passes), whose per-pair
            statistic the score reads as `ScoreContext.passed`
 hidden:    the layer's input hidden states (the attention module's `hidden_states`: after input_layernorm, what
            enters q/k/v), handed to `Policy.observe` at every forward; captured by a forward pre-hook on each

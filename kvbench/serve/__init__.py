@@ -10,6 +10,7 @@ One idea per file, nano-vllm style:
     pool.py       the paged KV pool (pages of one layer and KV head)
     layout.py     one forward's layout (which slots each token writes and reads, per layer and KV head)
     queries.py    each request's newest queries per layer (SnapKV, PyramidKV)
+    passes.py     a request's scoring passes at its compression point (KVzip), over its pages
     attention.py  attention over pages, registered with transformers, active only inside a context
     model_runner.py  the model runner: one forward over a mix of prefill chunks and decode rows
     engine.py     the loop: arrivals -> schedule -> run -> sample -> finish; timeline and timings

@@ -24,6 +24,7 @@ from kvbench.serve.observe import Observers
 from kvbench.serve.page_layout import Layout
 from kvbench.serve.paged_attention import PagedStep
 from kvbench.serve.paged_attention import backend as attention_backend
+from kvbench.serve.passes import Passes
 from kvbench.serve.pool import PagedPool
 from kvbench.serve.queries import QueryWindows
 from kvbench.serve.request import Request
@@ -60,6 +61,7 @@ class ModelRunner:
             policy.needs.observes) else None
         self.windows = QueryWindows(policy.needs.queries, L, model.config.num_attention_heads, geo["head_dim"],
                                     geo["dtype"], self.device) if policy.evicts and policy.needs.queries else None
+        self.passes = Passes(model, self.pool, policy, self.device) if policy.evicts and policy.needs.passes else None
         self.attention = attention_backend(self.device, geo["dtype"], policy.needs.attention, block_size)
 
     @torch.inference_mode()
@@ -101,6 +103,8 @@ class ModelRunner:
             self.windows.forget(req.rid)
         if self.observers is not None:
             self.observers.forget(req.rid)
+        if self.passes is not None:
+            self.passes.forget(req.rid)
 
     @torch.inference_mode()
     def rerotate(self, req: Request) -> None:
@@ -115,7 +119,9 @@ class ModelRunner:
     def evictor(self, req: Request, end: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
         """(L, H, nb) bool: the n[l, h] lowest-scored evictable blocks of each (layer, KV head) of `req` (its
         policy's pair scores, aggregated per block; summed over layers and heads unless `per_head`)."""
-        parts = request_stats(self.pool, self.windows, req, self.policy, self.device, self.observers)
+        parts = request_stats(self.pool, self.windows, req, self.policy, self.device, self.observers, self._passed(req))
+        if self.passes is not None:  # a scoring pass's statistic serves one compression
+            self.passes.forget(req.rid)
         if len(parts) == 1:
             scores = block_scores(self.policy, parts[0], self.pool.block_size, self.block_score, self.per_head)
         else:  # heads hold different counts: one layer at a time
@@ -123,21 +129,29 @@ class ModelRunner:
                                 for st in parts])
         return choose(scores.cpu(), self.start_blocks, end, n)
 
+    def _passed(self, req: Request) -> torch.Tensor | None:
+        """The policy's scoring passes' statistic for `req` at its compression point (run then), or None."""
+        return None if self.passes is None else self.passes.get(req)
+
     @torch.inference_mode()
     def reallocate(self, req: Request) -> None:
         """head_budget=adaptive, when `req` compresses: each layer's pairs split across its KV heads by the policy's
         scores (the policy's head rule, kvbench.budgets: AdaKV's), the protected start and recent areas counted first."""
-        from kvbench.budgets import head_rule
+        from kvbench.budgets import head_rule, layer_rule
 
         held = req.held.to(self.device)  # (L, H): every head holds the whole prompt (nothing evicted yet)
         budget = torch.minimum(req.budget[:, 0].to(self.device), held[:, 0])  # (L,) pairs per head on average
         if bool((budget >= held[:, 0]).all()):
             return
-        (stats,) = request_stats(self.pool, self.windows, req, self.policy, self.device, self.observers)
+        (stats,) = request_stats(self.pool, self.windows, req, self.policy, self.device, self.observers,
+                                 self._passed(req))
         s = self.policy.score(stats).float().expand(stats.pos.shape)[:, 0].clone()  # (L, H, N)
         N = s.shape[-1]
         j = torch.arange(N, device=self.device)
         protected = (j < self.start_blocks * self.pool.block_size) | (j >= N - req.recent.to(self.device)[..., None])
         s.masked_fill_(protected, float("inf"))
-        counts = head_rule(self.policy).counts(self.policy, s[None], budget)[0]  # (L, H): layers as the samples' axis
+        if layer_rule(self.policy).varies:  # layers of their own budgets: each its own table (the cache's groups)
+            counts = head_rule(self.policy).counts(self.policy, s[None], budget)[0]  # (L, H): layers as samples
+        else:  # one table over every layer (the static cache's one group): head_budget=global ranks it whole
+            counts = head_rule(self.policy).counts(self.policy, s[:, None], budget[:1])[:, 0]  # (L, H)
         req.budget = counts.cpu()

@@ -13,9 +13,10 @@ import torch
 from kvbench.policies.base import Policy, ScoreContext
 
 
-def request_stats(pool, windows, req, policy: Policy, device, observers=None) -> list[ScoreContext]:
+def request_stats(pool, windows, req, policy: Policy, device, observers=None, passed=None) -> list[ScoreContext]:
     """[ScoreContext (L, 1, H, N)] or, heads holding different counts, one (1, 1, H, N) per layer; `observers`: the
-    policy's own state (kvbench.serve.observe), its modules and rotary embedding."""
+    policy's own state (kvbench.serve.observe), its modules and rotary embedding; `passed`: (L, 1, H, N) its scoring
+    passes' statistic (kvbench.serve.passes)."""
     slots, valid = pool.slots(req.pages, req.held)
     slots = slots.to(device)
     L, H, N = slots.shape
@@ -40,14 +41,15 @@ def request_stats(pool, windows, req, policy: Policy, device, observers=None) ->
     if bool(valid.all()):
         return [ScoreContext(pos=pos, last=last, sum_w=sw, last_w=lw, keys=keys, values=values, queries=queries,
                              query_pos=qpos, scale=scale, n=torch.full((1, 1, 1, 1), N, device=device), layers=layers,
-                             pair=pair, state=state, modules=mods, rotary=rotary)]
+                             pair=pair, state=state, modules=mods, rotary=rotary, passed=passed)]
     held = req.held.to(device)
     return [ScoreContext(pos=pos[i:i + 1], last=last, sum_w=_at(sw, i), last_w=_at(lw, i), keys=_at(keys, i),
                          values=_at(values, i), queries=_at(queries, i), query_pos=qpos, scale=scale,
                          n=held[i][None, None, :, None], layers=layers[i:i + 1],
                          pair=None if pair is None else {k: _at(x, i) for k, x in pair.items()},
                          state=None if state is None else {k: _at(x, i) for k, x in state.items()},
-                         modules=None if mods is None else mods[i:i + 1], rotary=rotary) for i in range(L)]
+                         modules=None if mods is None else mods[i:i + 1], rotary=rotary, passed=_at(passed, i))
+            for i in range(L)]
 
 
 def _at(t: torch.Tensor | None, i: int) -> torch.Tensor | None:

@@ -44,6 +44,7 @@ from kvbench.cache import KVCache
 from kvbench.conf import load_option
 from kvbench.config import CONF_DIR, prepare
 from kvbench.engine import Batch as _Batch
+from kvbench.policies import registry
 from kvbench.results import read_jsonl, read_records
 from kvbench.serve import paged_attention as paged_attention
 from kvbench.serve.model_runner import ModelRunner
@@ -282,11 +283,15 @@ def check_record(c: Combo, rec: dict, spy: Spy) -> None:
     elif serve:
         got = [b.float().mean(1) for b in spy.serve_budgets]  # (L,) each request's layer budgets
         per_layer = any(bool((b != b[:1]).any()) for b in got)
-        # PyramidKV's layers differ; a head pattern's (DuoAttention) mean over each layer's heads, once compressed
-        assert not per_layer or c.policy == "pyramidkv" or c.policy in HEAD_PATTERN
+        # PyramidKV's layers differ; once compressed, a head pattern's (DuoAttention) mean over each layer's heads,
+        # and a ranking over the whole (layer, KV head) table's (head_budget=global: KVzip's default)
+        ranked = c.head_budget == "uniform" and getattr(registry()[c.policy], "head_budget", None) == "global"
+        assert not per_layer or c.policy == "pyramidkv" or c.policy in HEAD_PATTERN or ranked
         assert rec["kv_budget"] == {"by": by, "min": min(int(b.min()) for b in got),
                                     "max": max(int(b.max()) for b in got), "per_layer": per_layer}
-        if not c.per_prompt and c.policy != "chunkkv":  # ChunkKV: whole chunks of each prompt (at most kv_size)
+        if ranked and not c.per_prompt:  # the table keeps L x H x kv_size pairs, its layers competing
+            assert {float(b.mean()) for b in got} == {rec["kv_size"]}
+        elif not c.per_prompt and c.policy != "chunkkv":  # ChunkKV: whole chunks of each prompt (at most kv_size)
             assert {int(b.min()) for b in got} == {int(b.max()) for b in got} == {rec["kv_size"]}
         evicted = rec["serve"]["evicted_blocks"]  # 512 (kv_size_above) or 672 (openvino) pairs hold these prompts
         assert (evicted == 0) if c.holds_whole else (evicted > 0 or c.preset)

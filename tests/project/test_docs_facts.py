@@ -81,7 +81,8 @@ REFUSED = {
     "`gen.kv_cache_dtype` `int8` or `int4` with `gen.attention=flash`":
         [*TINY, "gen.kv_cache_dtype=int4", "gen.kv_quant_group=16", "gen.attention=flash"],
     "`gen.kv_quant_group` that does not divide the model's head size": [*TINY, "gen.kv_cache_dtype=int8"],
-    "`policy.head_budget=adaptive` with `mode=serve_limits`":
+    "`policy.head_budget=adaptive`, `global` or `layerwise` (KVzip's default and its other ranking) with "
+    "`mode=serve_limits`":
         replace(BASE, policy="snapkv", schedule="after_prefill", mode="serve_limits", head_budget="adaptive"),
 }
 THAT_KEY = {"`policy=full` with `kv_ratio` or `compression_ratio`": "policy.kv_ratio",

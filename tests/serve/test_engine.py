@@ -9,6 +9,8 @@ import pytest
 from kvbench import engine
 from kvbench.errors import ConfigError
 from kvbench.policies import H2O, BatchMax, Full, SnapKV, Window, registry
+from kvbench.policies.kvzip import KVzip
+from kvbench.policies.kvzip_plus import KVzipPlus
 from kvbench.serve.engine import serve
 from kvbench.serve.request import Request
 from tests.conftest import random_prompts
@@ -85,8 +87,14 @@ def test_after_prefill_preempted_mid_generation_matches_the_static_engine(tiny_l
     """A request preempted after it began generating is recomputed as it was computed: its prompt compressed at
     the prompt's end (not over prompt + output), then its output replayed; so its tokens stay the static engine's."""
     policy = _after_prefill(registry()[name])
-    if policy.needs.passes:
-        pytest.skip("scoring passes are refused in serve mode (tests/policies/test_kvzip.py)")
+    assert_preempted_serve_is_static(tiny_llama, policy, monkeypatch)
+
+
+@pytest.mark.parametrize("policy", [KVzip(kv_size=8, head_budget="layerwise"),
+                                    KVzipPlus(kv_size=None, compression_ratio=0.6)], ids=lambda p: p.name)
+def test_kvzip_rankings_match_the_static_engine(tiny_llama, policy, monkeypatch):
+    """KVzip's other rankings in serve mode: one per layer (layerwise), and kvpress's count of the whole
+    (layer, KV head) table under compression_ratio (global): the static engine's pairs and tokens."""
     assert_preempted_serve_is_static(tiny_llama, policy, monkeypatch)
 
 
