@@ -51,7 +51,7 @@ def _message(e: BaseException) -> str:
     """One line for a composition/validation error, naming the override."""
     from hydra.errors import MissingConfigException
 
-    from kvbench.config.checks import RENAMED
+    from kvbench.config.validate import RENAMED
     from kvbench.errors import ConfigError
 
     if isinstance(e, ConfigError):
@@ -86,8 +86,8 @@ def preflight(argv: list[str]) -> list[str]:
     """Compose and check every job of the command line; raise on the first bad one (every job's config before
     any job's run checks). Returns the command line Hydra is to run (`compose_jobs`)."""
     from kvbench.config import prepare
-    from kvbench.config.checks import refuse_renamed
     from kvbench.config.preflight import check_run
+    from kvbench.config.validate import refuse_renamed
     from kvbench.errors import ConfigError
 
     overrides, multirun, config_name, runs = split_argv(argv)

@@ -30,7 +30,7 @@ from kvbench.engine.evictions import execute
 from kvbench.errors import ConfigError
 from kvbench.models.compat import cache_kwarg
 from kvbench.models.geometry import model_geometry
-from kvbench.policies.base import Policy
+from kvbench.policies.policy import Policy
 from kvbench.schedule import rows_to_evict
 
 
@@ -62,7 +62,7 @@ def _score_batch(model, ids: list[list[int]], n_cont: list[int], policy: Policy,
     dev = model.get_input_embeddings().weight.device
     base = model.get_decoder()
     cache_name, base_cache_name = cache_kwarg(model), cache_kwarg(base)
-    step = cache.attention_step(backend, score_chunk)  # what attention reads (kvbench.attention.static)
+    step = cache.attention_step(backend, score_chunk)  # what attention reads (kvbench.attention.static_step)
 
     def forward(tokens, r, keep: int):
         positions = cache.begin_forward(r, tokens.shape[1])

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.policies.base import Policy
+from kvbench.policies.policy import Policy
 from kvbench.schedule import prefill_chunks
 
 

@@ -122,7 +122,7 @@ class Driver:
     def protocol(self) -> dict:
         cfg = self.compose()
         metric = build_task(cfg).metric
-        rp = cfg.reproduce  # its values checked with the config (kvbench.config.checks.check_reproduce)
+        rp = cfg.reproduce  # its values checked with the config (kvbench.config.validate.check_reproduce)
         p = cfg.policy.evict_every
         search = ["search.max_batch=true", "search.only=false"]
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from kvbench.budgets import knobs
-from kvbench.policies.base import Policy
+from kvbench.policies.policy import Policy
 
 
 def block_sizes(length: int, first_block: int | None, block: int, chunk: int) -> list[int]:

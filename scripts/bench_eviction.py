@@ -7,7 +7,7 @@ fastest decode of each is kept (the one least disturbed by other load on the mac
 
 How the overhead is measured (two ways, both printed):
 
-* timers: during `batch_max`'s decode phase, wall time inside `kvbench.attention.stats.attention_stats`
+* timers: during `batch_max`'s decode phase, wall time inside `kvbench.attention.pair_weights.attention_stats`
   (recomputing the softmax weights of each layer), `KVCache.accumulate` (adding them to the
   running sums) and `KVCache.evict` (scores, top-k, gathering the kept pairs) is summed with
   `time.perf_counter` around each call (the functions are wrapped in this process; the library
@@ -59,7 +59,7 @@ from collections import defaultdict
 import torch
 
 import kvbench.attention.fused as fused_module
-import kvbench.attention.stats as stats_module
+import kvbench.attention.pair_weights as stats_module
 from kvbench.cache import KVCache
 from kvbench.engine import generate
 from kvbench.models import load_gguf_package

@@ -18,8 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from kvbench.report.grouping import latest  # noqa: E402
 from kvbench.report.rows import METHODS, with_ci  # noqa: E402
-from kvbench.report.select import latest  # noqa: E402
 from kvbench.results import read_records  # noqa: E402
 from kvbench.stats import paired_diff  # noqa: E402
 

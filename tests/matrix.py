@@ -105,10 +105,12 @@ NOT_USED = {"full": COMMON_KEYS,  # it never evicts
 # sweeps over the policies with keys some use and some do not (values away from every policy's default); each
 # leaves out the policies that refuse one of its values (pyramidkv, kvzip: rerotate; extreme_decode: protection > 1)
 SWEEPS = {
-    "budget-knobs": (POLICIES, {"kv_size": 48, "evict_every": 8, "schedule": "after_prefill", "window": 16, "kernel": 3,
+    # (duo_attention: its head pattern is its budget, kv_size and kv_ratio are refused)
+    "budget-knobs": (tuple(p for p in POLICIES if p != "duo_attention"), {"kv_size": 48, "evict_every": 8,
+                                "schedule": "after_prefill", "window": 16, "kernel": 3,
                                 "pooling": "max", "pool_window": True, "beta": 2, "budget_rule": "window_plus",
                                 "seed": 1, "per_kv_head": True}),
-    "kv_ratio-rerotate": (tuple(p for p in POLICIES if p not in ("pyramidkv", "kvzip", "kvzip_plus")),
+    "kv_ratio-rerotate": (tuple(p for p in POLICIES if p not in ("pyramidkv", "kvzip", "kvzip_plus", "duo_attention")),
                           {"kv_ratio": KV_RATIO, "rerotate": True}),  # kvzip: global head budgets, no shared rotary
     "compression-protect": (tuple(p for p in POLICIES if p != "extreme_decode"),
                             {"compression_ratio": COMPRESSION_RATIO, "protect_first": 2, "protect_recent": 2}),

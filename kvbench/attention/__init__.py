@@ -35,13 +35,13 @@ neither; transformers itself runs those models eagerly), the sink's mass in ever
 scores included. A layer whose window differs from its cache group's raises: never a silent difference.
 
 The public names are re-exported here; to wrap or replace a kernel or a setting, patch the module that defines it
-(e.g. `kvbench.attention.sdpa.sdpa_attention`, `kvbench.attention.select.FLASH_DEVICES`): the dispatch reads them
+(e.g. `kvbench.attention.sdpa.sdpa_attention`, `kvbench.attention.backend_choice.FLASH_DEVICES`): the dispatch reads them
 there, not here.
 """
 
 from __future__ import annotations
 
-from kvbench.attention.errors import AttentionError, UnsupportedBackend
+from kvbench.attention.backend_choice import BACKENDS, flash_available, resolve, resolve_backend
 from kvbench.attention.flash import FLASH_CHECK_RTOL, FLASH_CHECK_TOL
 from kvbench.attention.interface import (
     NAME,
@@ -51,9 +51,9 @@ from kvbench.attention.interface import (
     kvbench_attention,
     register,
 )
-from kvbench.attention.select import BACKENDS, flash_available, resolve, resolve_backend
-from kvbench.attention.static import StaticStep
-from kvbench.attention.stats import attention_stats
+from kvbench.attention.pair_weights import attention_stats
+from kvbench.attention.static_step import StaticStep
+from kvbench.attention.unsupported import AttentionError, UnsupportedBackend
 
 __all__ = [
     "BACKENDS", "FLASH_CHECK_RTOL", "FLASH_CHECK_TOL", "NAME", "SCORE_CHUNK", "AttentionError", "StaticStep",

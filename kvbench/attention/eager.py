@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from kvbench.attention.masks import keep_mask, query_heads, repeat_kv
-from kvbench.attention.stats import stats_from_probs
+from kvbench.attention.pair_weights import stats_from_probs
 
 
 def eager_attention(query, key, value, step, scaling, track: bool, sinks=None, softcap=None):

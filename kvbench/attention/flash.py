@@ -1,15 +1,15 @@
 """The `flash` backend: flash-attn's kv-cache kernel on kvbench's cache (CUDA, half precision, `flash` extra).
 
 It reads the cache's own storage (no copy) and returns the output only; statistics come from the separate
-pass in `kvbench.attention.stats`, as for SDPA. The first call of a process is checked against SDPA on the
+pass in `kvbench.attention.pair_weights`, as for SDPA. The first call of a process is checked against SDPA on the
 real cache (this path had no GPU to be tested on when written): `_checked` remembers that the installed
-kernel passed, a fact about the library, like the availability probe in `kvbench.attention.select`.
+kernel passed, a fact about the library, like the availability probe in `kvbench.attention.backend_choice`.
 """
 
 from __future__ import annotations
 
 from kvbench.attention import sdpa
-from kvbench.attention.errors import AttentionError
+from kvbench.attention.unsupported import AttentionError
 
 FLASH_CHECK_TOL = 2e-2  # max |flash - SDPA| - FLASH_CHECK_RTOL |SDPA| accepted on the first flash call of a process
 FLASH_CHECK_RTOL = 1.6e-2  # 2 ulps of bfloat16 (torch.testing's bfloat16 rtol)

@@ -1,7 +1,7 @@
 """The `fused` backend: output and attention statistics from ONE set of probabilities per chunk of queries.
 
 Scored policies need the attention weights each cached pair received; SDPA and flash do not return them, so
-those backends pay a second QK^T pass (`kvbench.attention.stats`). Here the probabilities of a chunk of
+those backends pay a second QK^T pass (`kvbench.attention.pair_weights`). Here the probabilities of a chunk of
 `chunk` queries are computed once and used for both the output and the statistics. It is also the path for
 layers SDPA cannot run: learned sinks (gpt-oss) and soft-capped logits (Gemma 2). Serve mode's paged
 attention reuses it on each part of its pool.

@@ -3,7 +3,7 @@
 `kvbench_attention` is registered with transformers' `AttentionInterface` under `NAME` (and a mask function
 returning None under the same name: what each query sees comes with the forward's step). It reads nothing but its
 arguments: every forward that runs through it passes ONE object, the keyword `kvbench_step`, whose `attend`
-computes the layer's attention (`kvbench.attention.static.StaticStep` over the static engine's cache, serve mode's
+computes the layer's attention (`kvbench.attention.static_step.StaticStep` over the static engine's cache, serve mode's
 `PagedStep` over its paged pool): the layout (write slots, masks, keys), the statistics sink, the backend and the
 query chunk travel with the forward, so no setting lives in a module and two runs never share one. Called without
 a step (outside kvbench's engines) it behaves like SDPA.

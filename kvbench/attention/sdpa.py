@@ -1,7 +1,7 @@
 """The `sdpa` backend: torch's scaled_dot_product_attention over the cache's kept pairs.
 
 It returns the output only; a policy that needs attention statistics gets them from the separate pass in
-`kvbench.attention.stats` (so the output kernel stays fused). On CUDA, grouped-query attention with a mask
+`kvbench.attention.pair_weights` (so the output kernel stays fused). On CUDA, grouped-query attention with a mask
 has no fused kernel, so K/V are expanded per query head here (what kvbench.memory charges for it).
 """
 

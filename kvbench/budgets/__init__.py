@@ -5,9 +5,11 @@ here (a "budget" is always a count of KV pairs; memory is a limit, kvbench.memor
                        protected recent pairs, capacities), pure functions of the knobs
     rule.py            budget rules: `HeadRule` (a layer's pairs over its KV heads, `policy.head_budget`) and
                        `LayerRule` (a sample's budget over its layers, `policy.layer_budget`), found by name
-    uniform_heads.py, adaptive_heads.py     the head rules: uniform; AdaKV's split by score
-    uniform_layers.py, pyramid_layers.py, chunk_layers.py   the layer rules: uniform; PyramidKV's pyramid;
-                       ChunkKV's whole chunks
+    uniform_heads.py, adaptive_heads.py, global_heads.py, layerwise_heads.py, pattern_heads.py   the head rules:
+                       uniform; AdaKV's split by score; one ranking over a sample's layer x head table (KVzip's
+                       global) or per layer; DuoAttention's fixed pattern (streaming heads keep sink + recent)
+    uniform_layers.py, pyramid_layers.py, chunk_layers.py, streaming_layers.py   the layer rules: uniform;
+                       PyramidKV's pyramid; ChunkKV's whole chunks; DuoAttention's streaming window
     room.py            `Budgets`, the (layer x sample x KV head) counts of one batch, read by the cache, the schedule
                        and the memory account
     question.py        query-agnostic runs: the room a compressed context leaves its question

@@ -14,8 +14,13 @@ The rooms, one idea each:
     layout.py    one forward's layout: write slots, masks, positions (`Step`, `layout_forward`)
     evict.py     select what to keep (pure) and gather it back in position order; slicing for keeps_newest
     rotate.py    RoPE re-rotation of kept keys, from the keys as written (no compounding rounding)
-    window.py    SnapKV's observation window: the newest W queries
+    query_window.py  SnapKV's observation window: the newest W queries
     views.py     `LayerView`: what transformers sees of one layer (its `update` writes into the cache)
+    heads.py     per-head counts under head budgets that differ by KV head (AdaKV, KVzip's global ranking)
+    band.py      windowed layers a policy compresses (a budget below the layer's sliding window)
+    sink.py      where one layer's attention puts what the policy reads (statistics, queries, observe step)
+    qgroup.py    a quantized group (`gen.kv_cache_dtype=int8|int4`): K/V in a `QuantKV`, read dequantized
+    linear_state.py  a hybrid model's linear-attention layers (transformers' own state) beside the K/V groups
     kvcache.py   `KVCache`, the transformers `Cache` facade the engine and attention call
 """
 

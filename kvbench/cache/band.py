@@ -16,7 +16,7 @@ import dataclasses
 
 import torch
 
-from kvbench.attention.errors import UnsupportedBackend
+from kvbench.attention.unsupported import UnsupportedBackend
 
 LOWEST = torch.finfo(torch.float32).min  # below every visible pair's rank, above an empty slot's -inf
 

@@ -19,7 +19,7 @@ import torch
 from kvbench.budgets import head_rule, knobs
 from kvbench.cache import band, heads, rotate
 from kvbench.cache.layout import to_device
-from kvbench.policies.base import Policy, ScoreContext
+from kvbench.policies.policy import Policy, ScoreContext
 
 INF = float("inf")
 

@@ -19,16 +19,16 @@ from typing import ClassVar
 import torch
 from transformers.cache_utils import Cache
 
-from kvbench.attention.static import StaticStep
+from kvbench.attention.static_step import StaticStep
 from kvbench.budgets import Budgets
-from kvbench.cache import band, heads, linear_state, window
+from kvbench.cache import band, heads, linear_state, query_window
 from kvbench.cache import evict as eviction
 from kvbench.cache.layout import Step, device_steps, layout_forward
 from kvbench.cache.qgroup import QuantGroup, nbytes_for
 from kvbench.cache.sink import LayerSink
 from kvbench.cache.storage import Group
 from kvbench.cache.views import LayerView
-from kvbench.policies.base import Policy
+from kvbench.policies.policy import Policy
 from kvbench.timing import SectionTimer
 
 
@@ -120,7 +120,7 @@ class KVCache(Cache):
         """
         shared, per_group = layout_forward(self._groups, self.seen, r, width)
         if self.query_window:  # the newest W queries of (kept ++ this chunk's real ones), oldest first
-            self.qpos, shared["q_src"] = window.advance(self.qpos, self.seen, r, width)
+            self.qpos, shared["q_src"] = query_window.advance(self.qpos, self.seen, r, width)
         self._layout, self._steps = (shared, per_group), {}
         self.step_keys = max(c["n_keys"] for c in per_group)
         self.seen = self.seen + r
@@ -157,7 +157,7 @@ class KVCache(Cache):
         return sink
 
     def attention_step(self, backend: str, score_chunk: int) -> StaticStep:
-        """The object attention receives for every forward over this cache (kvbench.attention.static)."""
+        """The object attention receives for every forward over this cache (kvbench.attention.static_step)."""
         band.check_backend(self._groups, backend)  # attention sees a band group's window mask (kvbench.cache.band)
         return StaticStep(layout=functools.partial(band.layout, self), sink=self.sink, backend=backend, score_chunk=score_chunk,
                           timer=self.timer)

@@ -1,8 +1,8 @@
-"""Where one layer's attention puts what the policy reads (the statistics sink of kvbench.attention.static).
+"""Where one layer's attention puts what the policy reads (the statistics sink of kvbench.attention.static_step).
 
 A `LayerSink` is one layer of one group for the current forward: `accumulate` adds the forward's attention
 statistics (sum_w, last_w) to the group's per-slot tensors, `remember` keeps the newest queries (SnapKV's
-observation window, kvbench.cache.window), `observe` hands the forward to the policy's own observe step
+observation window, kvbench.cache.query_window), `observe` hands the forward to the policy's own observe step
 (kvbench.policies.needs: its row state updated in place, its per-pair statistics written at the new pairs' slots).
 A windowed group (its layers keep their window, no policy compresses
 them) collects nothing. The flags say what the layer wants, so attention computes nothing else.
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvbench.cache import window
+from kvbench.cache import query_window
 from kvbench.policies.needs import Observation
 
 
@@ -49,7 +49,7 @@ class LayerSink:
     def remember(self, query: torch.Tensor, scaling: float) -> None:
         """Keep the newest W real queries of the layer (query (B, H_q, T, D), RoPE applied) and the softmax scale."""
         g, i = self.g, self.i
-        g.q[i] = window.remember(g.q[i], self.step.q_src, query)
+        g.q[i] = query_window.remember(g.q[i], self.step.q_src, query)
         g.scale = scaling
 
     def observe(self, module, query: torch.Tensor, key, value, scaling: float, hidden: torch.Tensor | None) -> None:

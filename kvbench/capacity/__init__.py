@@ -27,17 +27,17 @@ On the CPU this is the verdict `search.max_batch=true search.probe=account` reac
 loaded. It prints a table and appends one record with `mode: plan` to `results_dir/runs.jsonl`, built
 by kvbench.run.record's `plan_record`.
 
-One idea per module: node.py (the node), placement.py (the meta model placed per device), prompts.py
+One idea per module: node.py (the node), placement.py (the meta model placed per device), plan_prompts.py
 (the prompt lengths), account.py (the policies and the account's trial), planner.py (the plan and its
-record), cli.py (the table and the command). `python -m kvbench.capacity` runs the command.
+record), plan_cli.py (the table and the command). `python -m kvbench.capacity` runs the command.
 """
 
 from kvbench.capacity.account import headroom, plan_policies, trial, window_credit
-from kvbench.capacity.cli import main, preflight, table
 from kvbench.capacity.node import MiB, Node, check, node_of
 from kvbench.capacity.placement import placed_shape, placement, spec_of
+from kvbench.capacity.plan_cli import main, preflight, table
+from kvbench.capacity.plan_prompts import prompt_lengths
 from kvbench.capacity.planner import plan, plan_inputs
-from kvbench.capacity.prompts import prompt_lengths
 
 __all__ = ["MiB", "Node", "check", "headroom", "main", "node_of", "placed_shape", "placement", "plan",
            "plan_policies", "plan_inputs", "preflight", "prompt_lengths", "spec_of", "table", "trial", "window_credit"]

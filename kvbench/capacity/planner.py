@@ -17,7 +17,7 @@ from kvbench import results, search
 from kvbench.capacity.account import plan_policies, trial, window_credit
 from kvbench.capacity.node import check, node_of
 from kvbench.capacity.placement import placed_shape, placement, spec_of
-from kvbench.capacity.prompts import prompt_lengths
+from kvbench.capacity.plan_prompts import prompt_lengths
 from kvbench.config import build_task, prepare, search_candidates
 from kvbench.quant.qconfig import kv_quant
 from kvbench.run.record import plan_record

@@ -18,10 +18,9 @@ single module had.
 """
 
 from kvbench.config.candidates import DIVISORS_OF_960, search_candidates
-from kvbench.config.checks import check_config, prepare
 from kvbench.config.groups import build_policy, build_task, drop_inapplicable, policy_defaults, policy_key_use
 from kvbench.config.presets import H2O_DEFAULTS, SERVE_PRESETS, apply_presets, preset_refusal, with_presets
-from kvbench.config.prompts import prompt_token_lengths
+from kvbench.config.prompt_lengths import prompt_token_lengths
 from kvbench.config.run_identity import NON_IDENTITY, config_hash, device_kind, identity, record_hash
 from kvbench.config.schema import (
     CONF_DIR,
@@ -39,6 +38,7 @@ from kvbench.config.schema import (
     ServeConfig,
     register_schema,
 )
+from kvbench.config.validate import check_config, prepare
 
 __all__ = [
     "CONF_DIR", "DIVISORS_OF_960", "H2O_DEFAULTS", "MODES", "NON_IDENTITY", "SERVE_ATTENTION", "SERVE_MODES",

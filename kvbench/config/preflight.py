@@ -1,4 +1,4 @@
-"""What a run needs beyond its config's own checks (kvbench.config.checks), checked before any model loads.
+"""What a run needs beyond its config's own checks (kvbench.config.validate), checked before any model loads.
 
 `check_run(cfg)`, on a prepared config (`kvbench.config.prepare`: its presets applied), called by the CLI's
 preflight for every job of a command line and again by the runner:
@@ -11,7 +11,7 @@ preflight for every job of a command line and again by the runner:
 - then the model's files can be had: a Hub model is in the local cache or the Hub answers within seconds (no
   retries: one line saying how to get it);
 - the prompts: the task's samples rendered with the model's tokenizer alone (no weights,
-  kvbench.config.prompts), so a task limit that cannot be met (`task.max_input_tokens` below a prompt's
+  kvbench.config.prompt_lengths), so a task limit that cannot be met (`task.max_input_tokens` below a prompt's
   fixed part) or a row that renders empty stops here, not after loading; the model's family is checked
   again for the longest sequence, and a length-dependent RoPE for the prompts' range;
 - task.query_aware=false: each prompt's question leaves room in the budget of every layer the policy
@@ -33,7 +33,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from kvbench.config.groups import build_policy
-from kvbench.config.prompts import NOT_TOKENIZER, prompt_lengths, question_lengths
+from kvbench.config.prompt_lengths import NOT_TOKENIZER, prompt_lengths, question_lengths
 from kvbench.errors import ConfigError
 from kvbench.results import RUNS, probe_writable
 

@@ -14,7 +14,7 @@ h2o's own defaults (or already at the preset's values: applying is idempotent).
 Two functions, so that only one of them changes a config:
 - `preset_refusal(cfg)` (pure): the ConfigError a preset that cannot apply gives, or None;
 - `apply_presets(cfg)` (mutates cfg, returns nothing): sets the keys of a preset that applies; one that
-  cannot apply is left alone, for kvbench.config.checks to refuse in its turn (so a config with several
+  cannot apply is left alone, for kvbench.config.validate to refuse in its turn (so a config with several
   faults is refused by the same first line whether or not its presets were applied first).
 `with_presets(cfg)` is the pure way to see a config as it will run: a copy with its presets applied.
 """
@@ -68,7 +68,7 @@ def task_new_tokens(cfg: DictConfig) -> int:
     try:
         cls = get_class(str(cfg.task.get("_target_")))
         own = cls.default_new_tokens(cfg.task)
-    except Exception:  # not a class, or not a Task: kvbench.config.checks refuses it in its turn
+    except Exception:  # not a class, or not a Task: kvbench.config.validate refuses it in its turn
         own = None
     return own if isinstance(own, int) and own > 0 else DEFAULT_NEW_TOKENS
 

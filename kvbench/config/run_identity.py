@@ -35,7 +35,7 @@ NON_IDENTITY = ("results_dir", "logger", "skip_existing", "output", "experiment_
 
 def device_kind(device: str) -> str:
     """The kind of device a run resolves to: "cpu" or "cuda" (device=auto resolved on this machine)."""
-    from kvbench.models.base import resolve_device
+    from kvbench.models.loaded import resolve_device
 
     return resolve_device(device).type
 

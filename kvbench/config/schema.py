@@ -2,7 +2,7 @@
 
 `conf/config.yaml` lists every group (model, task, policy, logger, experiment) and starts from the
 `kvbench_schema` node registered here (`RootConfig`), so an unknown key or a value of the wrong type fails
-at composition, before any check of kvbench's own (kvbench.config.checks). Group nodes are `_target_`
+at composition, before any check of kvbench's own (kvbench.config.validate). Group nodes are `_target_`
 configs left open (`Any`): a policy or task node instantiates straight into its dataclass
 (kvbench.config.groups), whose own validation names a bad override.
 

@@ -1,4 +1,4 @@
-"""The checks of serve.* (part of kvbench.config.checks): its values in every mode, how they fit the run in
+"""The checks of serve.* (part of kvbench.config.validate): its values in every mode, how they fit the run in
 the serve modes.
 
 The serve modes cannot apply some static-engine settings (a fixed batch size, a prefill chunk, the search,

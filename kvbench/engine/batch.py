@@ -13,7 +13,7 @@ from kvbench.cache.sink import Observing
 from kvbench.errors import ConfigError
 from kvbench.models import family
 from kvbench.models.geometry import rope_inv_freq
-from kvbench.policies.base import Policy
+from kvbench.policies.policy import Policy
 
 
 def observer_kwargs(model, policy: Policy) -> dict:

@@ -16,7 +16,7 @@ from kvbench.engine.loop import generate_batch
 from kvbench.engine.output import GenerationOutput
 from kvbench.models import family
 from kvbench.models.geometry import model_geometry
-from kvbench.policies.base import Policy
+from kvbench.policies.policy import Policy
 
 
 def encode(tokenizer, prompts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from kvbench.batch_plan import EVICT, RESIZE, TRIM, Step
 from kvbench.cache import KVCache
 from kvbench.cache.evict import trim_window
-from kvbench.policies.base import Policy
+from kvbench.policies.policy import Policy
 
 
 def execute(cache: KVCache, step: Step, policy: Policy, observer) -> None:

@@ -14,10 +14,10 @@ from kvbench.cache import KVCache
 from kvbench.cache.layout import right_aligned, to_device
 from kvbench.engine.batch import Batch
 from kvbench.engine.evictions import execute
-from kvbench.engine.passes import run_passes
+from kvbench.engine.scoring_passes import run_passes
 from kvbench.models.compat import cache_kwarg
 from kvbench.models.geometry import model_geometry
-from kvbench.policies.base import Policy
+from kvbench.policies.policy import Policy
 
 EOS_CHECK_EVERY = 8  # decode steps between two checks that every sample is done (each check syncs the device)
 
@@ -33,7 +33,7 @@ class Forward:
 
     def __init__(self, model, cache: KVCache, observer, attention: str, score_chunk: int):
         self.model, self.cache, self.observer = model, cache, observer
-        self.step = cache.attention_step(attention, score_chunk)  # what attention reads (kvbench.attention.static)
+        self.step = cache.attention_step(attention, score_chunk)  # what attention reads (kvbench.attention.static_step)
         self.dev = model.get_input_embeddings().weight.device
         self.base = model.get_decoder()
         self.names = cache_kwarg(model), cache_kwarg(self.base)  # `cache` from transformers 5.24 on

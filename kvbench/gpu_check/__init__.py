@@ -47,7 +47,16 @@ tests/attention/test_gpu_contracts.py).
 
 from __future__ import annotations
 
-from kvbench.gpu_check.checks import (
+from kvbench.gpu_check.gpu_cli import entry, main, parse, steps
+from kvbench.gpu_check.resources import (
+    GPU,
+    check_memory,
+    check_search_and_two_batches,
+    check_syncs,
+    count_syncs,
+)
+from kvbench.gpu_check.tokens import check_device_map, check_offload, check_parity, check_serve, parity_cases
+from kvbench.gpu_check.verdicts import (
     MEMORY_TOL,
     POLICIES,
     RESERVED_TOL,
@@ -71,15 +80,6 @@ from kvbench.gpu_check.checks import (
     syncs_check,
     transient_check,
 )
-from kvbench.gpu_check.cli import entry, main, parse, steps
-from kvbench.gpu_check.resources import (
-    GPU,
-    check_memory,
-    check_search_and_two_batches,
-    check_syncs,
-    count_syncs,
-)
-from kvbench.gpu_check.tokens import check_device_map, check_offload, check_parity, check_serve, parity_cases
 
 __all__ = [
     "GPU", "MEMORY_TOL", "POLICIES", "RESERVED_TOL", "SEARCH_MAX", "SKIPPED", "TIE_MARGIN", "TRANSIENT_SLACK",

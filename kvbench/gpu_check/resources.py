@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvbench.gpu_check.checks import (
+from kvbench.gpu_check.fixtures import compose, load, policies, run_measured, text_prompts
+from kvbench.gpu_check.verdicts import (
     SEARCH_MAX,
     memory_ratio,
     predicted_search,
@@ -20,7 +21,6 @@ from kvbench.gpu_check.checks import (
     syncs_check,
     transient_check,
 )
-from kvbench.gpu_check.fixtures import compose, load, policies, run_measured, text_prompts
 
 GPU = ("device=cuda", "model.dtype=float16")
 

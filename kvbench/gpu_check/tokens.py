@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvbench.gpu_check.checks import (
+from kvbench.gpu_check.fixtures import compose, load, reference, text_prompts
+from kvbench.gpu_check.verdicts import (
     TIE_MARGIN,
     available_backends,
     backend_runs,
@@ -17,7 +18,6 @@ from kvbench.gpu_check.checks import (
     device_map_check,
     split_device_map,
 )
-from kvbench.gpu_check.fixtures import compose, load, reference, text_prompts
 
 
 def parity_cases(lm, prompts, backends: Sequence[str], tie: float, new_tokens: int, label: str,

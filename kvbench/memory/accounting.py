@@ -74,7 +74,7 @@ from kvbench.budgets import knobs
 from kvbench.cache import layer_capacities
 from kvbench.cache.band import split_groups
 from kvbench.cache.linear_state import attention_groups
-from kvbench.memory.passes import pass_bytes
+from kvbench.memory.pass_bytes import pass_bytes
 from kvbench.memory.shape import ModelShape
 from kvbench.memory.state import state_bytes
 from kvbench.memory.terms import cache_bytes, evict_bytes, forward_bytes, observe_bytes, trim_bytes

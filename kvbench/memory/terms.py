@@ -67,7 +67,7 @@ def forward_bytes(
         # CUDA SDPA, GQA with a mask: kvbench.attention.sdpa expands K/V per query head (no fused kernel has both)
         rep = 2 * B * Hq * N * D * e if not cpu and attention != "flash" and Hq != s.kv_heads else 0
         phases.append(qkv + 2 * q + mask + workspace + rep)
-        if scored:  # kvbench.attention.stats.attention_stats: one in-place score buffer per chunk of queries
+        if scored:  # kvbench.attention.pair_weights.attention_stats: one in-place score buffer per chunk of queries
             a = max(4, e)
             alive = min(T, 2 * chunk)  # queries whose scores are alive: a chunk's, while the last one's still are
             scores = B * Hq * alive * (N * a + D * e) + B * min(T, chunk) * N + stats

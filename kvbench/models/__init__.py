@@ -5,9 +5,9 @@ ids kvbench needs (EOS from the generation config, a pad id), so the engine neve
 """
 
 from kvbench.models import gguf, hub, tiny
-from kvbench.models.base import LoadedModel, ModelSpec, resolve_device, resolve_dtype
 from kvbench.models.gguf import gguf_spec, load_gguf_package
 from kvbench.models.hub import hub_spec, load_hub
+from kvbench.models.loaded import LoadedModel, ModelSpec, resolve_device, resolve_dtype
 from kvbench.models.tiny import build_tiny, tiny_spec
 
 # each loader's weight-free twin (kvbench-plan): same arguments, returns a ModelSpec

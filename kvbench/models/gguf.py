@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from kvbench.errors import ConfigError
-from kvbench.models.base import LoadedModel, ModelSpec, finish, resolve_device, resolve_dtype
+from kvbench.models.loaded import LoadedModel, ModelSpec, finish, resolve_device, resolve_dtype
 
 
 def package_dir(package: str, model: str | None = None) -> Path:

@@ -16,7 +16,7 @@ import torch
 
 from kvbench.errors import ConfigError
 from kvbench.models import family
-from kvbench.models.base import LoadedModel, ModelSpec, finish, resolve_device, resolve_dtype
+from kvbench.models.loaded import LoadedModel, ModelSpec, finish, resolve_device, resolve_dtype
 
 # The `model=` choices' config.json, shipped so kvbench-plan needs no Hub (the weights still come from it)
 SHIPPED_CONFIGS = {

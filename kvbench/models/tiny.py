@@ -12,7 +12,7 @@ import torch
 
 from kvbench.errors import ConfigError
 from kvbench.models import family
-from kvbench.models.base import LoadedModel, ModelSpec, finish, resolve_device, resolve_dtype
+from kvbench.models.loaded import LoadedModel, ModelSpec, finish, resolve_device, resolve_dtype
 
 SPECIALS = ["<|im_start|>", "<|im_end|>", "<|pad|>"]
 CHATML = (

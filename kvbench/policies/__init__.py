@@ -5,7 +5,7 @@ own `name`, is in `registry()` (the package imports each of its modules, so a ne
 its `conf/policy/<name>.yaml`, nothing else). Its class is importable from `kvbench.policies` too.
 """
 
-from kvbench.policies.base import SCHEDULES, Policy, ScoreContext
+from kvbench.policies.policy import SCHEDULES, Policy, ScoreContext
 from kvbench.registry import discover
 
 _REGISTRY: dict[str, type[Policy]] = discover(__name__, __path__, Policy)

@@ -23,8 +23,8 @@ import torch
 
 from kvbench.budgets import is_int
 from kvbench.errors import ConfigError
-from kvbench.policies.base import AFTER_PREFILL, Policy, ScoreContext
 from kvbench.policies.inner_score import Wraps, build_inner, raised_score
+from kvbench.policies.policy import AFTER_PREFILL, Policy, ScoreContext
 
 NOT_INNER = ("chunkkv", "full", "extreme_decode")  # itself, a policy without a score, one without after_prefill
 

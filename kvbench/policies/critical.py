@@ -22,9 +22,9 @@ from typing import ClassVar
 import torch
 
 from kvbench.errors import ConfigError
-from kvbench.policies.base import AFTER_PREFILL, Needs, Policy, ScoreContext
 from kvbench.policies.inner_score import Wraps, build_inner, raised_score
 from kvbench.policies.kvzip_plus import value_out_norms
+from kvbench.policies.policy import AFTER_PREFILL, Needs, Policy, ScoreContext
 
 NOT_INNER = ("critical", "chunkkv", "full", "extreme_decode")  # wrappers, no score, no after_prefill
 

@@ -31,7 +31,7 @@ import torch
 from kvbench.artifacts import duo_calibration, duo_patterns
 from kvbench.artifacts.duo_patterns import HeadPattern
 from kvbench.errors import ConfigError
-from kvbench.policies.base import AFTER_PREFILL, Needs, Policy, ScoreContext
+from kvbench.policies.policy import AFTER_PREFILL, Needs, Policy, ScoreContext
 
 TINY_WINDOWS = (2, 10)  # a nameless (test) model's random pattern: sink_size, recent_size
 _CALIBRATED: dict = {}  # (file, samples, q_len, model) -> HeadPattern: one calibration per model and process

@@ -23,7 +23,7 @@ from typing import ClassVar
 import torch
 
 from kvbench.models import prerope
-from kvbench.policies.base import AFTER_PREFILL, Needs, Policy, ScoreContext
+from kvbench.policies.policy import AFTER_PREFILL, Needs, Policy, ScoreContext
 
 STATE = (("count", (1,)), ("mean", ("Hq", "D")), ("m2", ("Hq", "D", "D")))
 

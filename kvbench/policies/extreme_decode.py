@@ -14,7 +14,7 @@ from typing import ClassVar
 import torch
 
 from kvbench.errors import ConfigError
-from kvbench.policies.base import Policy, ScoreContext
+from kvbench.policies.policy import Policy, ScoreContext
 
 
 @dataclass

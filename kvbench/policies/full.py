@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from kvbench.errors import ConfigError
-from kvbench.policies.base import Policy
+from kvbench.policies.policy import Policy
 
 
 @dataclass

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 import torch
 
 from kvbench.errors import ConfigError
-from kvbench.policies.base import AFTER_PREFILL, Policy, ScoreContext
+from kvbench.policies.policy import AFTER_PREFILL, Policy, ScoreContext
 
 
 def build_inner(policy, not_inner: tuple[str, ...], who: str) -> Policy:

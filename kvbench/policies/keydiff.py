@@ -11,8 +11,8 @@ from typing import ClassVar
 
 import torch
 
-from kvbench.policies.base import AFTER_PREFILL, Needs, Policy, ScoreContext
 from kvbench.policies.knorm import key_norms
+from kvbench.policies.policy import AFTER_PREFILL, Needs, Policy, ScoreContext
 
 
 @dataclass

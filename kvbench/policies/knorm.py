@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import torch
 
-from kvbench.policies.base import AFTER_PREFILL, Needs, Policy, ScoreContext
+from kvbench.policies.policy import AFTER_PREFILL, Needs, Policy, ScoreContext
 
 
 @dataclass

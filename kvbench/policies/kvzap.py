@@ -20,7 +20,7 @@ from typing import ClassVar
 import torch
 
 from kvbench.artifacts.kvzap_scorer import hub_id, load_scorer, tiny_scorer
-from kvbench.policies.base import AFTER_PREFILL, Needs, Policy, ScoreContext
+from kvbench.policies.policy import AFTER_PREFILL, Needs, Policy, ScoreContext
 
 _LOADED: dict = {}  # (source, model, its shape) -> scorer, loaded once per process
 

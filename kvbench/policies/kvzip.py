@@ -2,7 +2,7 @@
 (Kim et al., 2025, "KVzip: Query-Agnostic KV Cache Compression with Context Reconstruction"; kvpress 0.5.5's
 `KVzipPress`).
 
-After the prompt, the engine runs the policy's scoring passes (kvbench.attention.passes): the context after the chat
+After the prompt, the engine runs the policy's scoring passes (kvbench.attention.pass_step): the context after the chat
 template's prefix, in chunks of `chunk_size` ids, each fed as `repeat prompt + template suffix + chunk`
 (kvbench.artifacts.kvzip_template) at the positions after the context, against every held pair. At each layer a
 chunk's pair scores the largest weight any query head of its KV group and any token of the pass gives it, in a
@@ -20,7 +20,7 @@ import torch
 
 from kvbench.artifacts import kvzip_template
 from kvbench.errors import ConfigError
-from kvbench.policies.base import AFTER_PREFILL, Needs, Policy, ScoreContext
+from kvbench.policies.policy import AFTER_PREFILL, Needs, Policy, ScoreContext
 
 
 @dataclass

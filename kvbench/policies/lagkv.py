@@ -26,7 +26,7 @@ import torch
 
 from kvbench.budgets import is_int
 from kvbench.errors import ConfigError
-from kvbench.policies.base import AFTER_PREFILL, Needs, Policy, ScoreContext
+from kvbench.policies.policy import AFTER_PREFILL, Needs, Policy, ScoreContext
 
 
 @dataclass

@@ -3,14 +3,14 @@
 A policy declares `needs` (a class-level `Needs`, or a property where a field sets a size, e.g. SnapKV's
 window); the static cache (kvbench.cache), the paged pool (kvbench.serve) and the account (kvbench.memory)
 read the same declaration, so a policy that declares nothing pays nothing. What the score then receives is a
-`kvbench.policies.base.ScoreContext`.
+`kvbench.policies.policy.ScoreContext`.
 
 attention: running per-pair attention statistics (sum_w, last_w), collected inside attention
 keys:      the cached keys (RoPE applied)
 values:    the cached values
 queries:   the newest W queries processed (RoPE applied), with their positions and the softmax scale
 passes:    scoring passes: extra forwards over token sequences built from each row's context, run at the
-           compression point (`Policy.scoring_passes`, `Policy.pass_scores`; kvbench.attention.passes), whose per-pair
+           compression point (`Policy.scoring_passes`, `Policy.pass_scores`; kvbench.attention.pass_step), whose per-pair
            statistic the score reads as `ScoreContext.passed`
 hidden:    the layer's input hidden states (the attention module's `hidden_states`: after input_layernorm, what
            enters q/k/v), handed to `Policy.observe` at every forward; captured by a forward pre-hook on each

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import torch
 
-from kvbench.policies.base import AFTER_PREFILL, Policy, ScoreContext
+from kvbench.policies.policy import AFTER_PREFILL, Policy, ScoreContext
 
 MASK = 0x7FFFFFFF  # products of a 31-bit value and a 31-bit multiplier stay below 2**62: no int64 overflow
 

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from kvbench.budgets import is_int
 from kvbench.errors import ConfigError
-from kvbench.policies.base import AFTER_PREFILL, Needs, Policy, ScoreContext
+from kvbench.policies.policy import AFTER_PREFILL, Needs, Policy, ScoreContext
 
 POOLINGS = ("max", "avg")
 LAYER_CHUNK = 4

@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import torch
 
-from kvbench.policies.base import Needs, Policy, ScoreContext
+from kvbench.policies.policy import Needs, Policy, ScoreContext
 
 
 @dataclass

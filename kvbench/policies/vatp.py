@@ -13,8 +13,8 @@ from typing import ClassVar
 
 import torch
 
-from kvbench.policies.base import Needs, ScoreContext
 from kvbench.policies.h2o import H2O
+from kvbench.policies.policy import Needs, ScoreContext
 
 
 @dataclass

@@ -8,7 +8,7 @@ from typing import ClassVar
 
 import torch
 
-from kvbench.policies.base import Policy, ScoreContext
+from kvbench.policies.policy import Policy, ScoreContext
 
 
 @dataclass

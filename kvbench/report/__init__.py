@@ -33,17 +33,17 @@ distinguishable from 0, and a section "Against FKV" lists, per run, that differe
 interval, how far its generated tokens follow FKV's (the share equal up to the first divergence,
 and identical outputs) and its output lengths; a plot shows the agreement against kv size.
 
-The package, one job per module: rows.py (the row model and labels), select.py (which records count,
+The package, one job per module: rows.py (the row model and labels), grouping.py (which records count,
 which table each belongs to), tables.py (a table, its picks, the pairing with FKV, its markdown),
 plots.py (the figures), heatmap.py (the needle heatmaps of depth-swept runs), files.py (tables.md, runs.csv),
-cli.py (the command).
+report_cli.py (the command).
 """
 
-from kvbench.report.cli import main
 from kvbench.report.files import write_csv, write_report
+from kvbench.report.grouping import attention_of, group_key, latest, unusable
 from kvbench.report.plots import plot_table
+from kvbench.report.report_cli import main
 from kvbench.report.rows import METHODS, Row
-from kvbench.report.select import attention_of, group_key, latest, unusable
 from kvbench.report.tables import Table, tables
 
 __all__ = ["main", "write_report", "write_csv", "plot_table", "METHODS", "Row", "Table", "tables", "latest",

@@ -1,3 +1,3 @@
-from kvbench.report.cli import main
+from kvbench.report.report_cli import main
 
 main()

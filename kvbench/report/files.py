@@ -8,9 +8,9 @@ from pathlib import Path
 
 from kvbench.config import ReproduceConfig
 from kvbench.report import heatmap
+from kvbench.report.grouping import unusable
 from kvbench.report.plots import plot_table
 from kvbench.report.rows import PLOTS
-from kvbench.report.select import unusable
 from kvbench.report.tables import tables
 from kvbench.results import read_records
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from kvbench.report.grouping import latest
 from kvbench.report.rows import default_schedules, method_of, metric_key
-from kvbench.report.select import latest
 
 
 def _task_cfg(rec: dict) -> dict:

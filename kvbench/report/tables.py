@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvbench import compare
+from kvbench.report.grouping import differences, group_key, latest, unusable
 from kvbench.report.rows import (
     METRICS,
     PLOTS,
@@ -23,7 +24,6 @@ from kvbench.report.rows import (
     order,
     with_ci,
 )
-from kvbench.report.select import differences, group_key, latest, unusable
 
 
 @dataclass

@@ -21,7 +21,7 @@ from kvbench.config import build_policy, build_task, drop_inapplicable, prefligh
 from kvbench.errors import ConfigError
 from kvbench.memory import is_oom
 from kvbench.models import family
-from kvbench.models.base import LoadedModel
+from kvbench.models.loaded import LoadedModel
 from kvbench.quant.qconfig import kv_quant
 from kvbench.run import models, modes
 from kvbench.run.record import memory_fields, new_record, quant_extensions, task_extensions

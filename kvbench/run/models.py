@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kvbench import memory
 from kvbench.memory import is_oom
-from kvbench.models.base import LoadedModel
+from kvbench.models.loaded import LoadedModel
 
 _models: dict[str, LoadedModel] = {}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from kvbench.models.base import LoadedModel
+from kvbench.models.loaded import LoadedModel
 from kvbench.run.static import run_static
 from kvbench.serve import run as serve_run
 

@@ -23,7 +23,7 @@ import kvbench
 from kvbench import memory
 from kvbench.config import SERVE_MODES, config_hash
 from kvbench.models import weights_format
-from kvbench.models.base import LoadedModel, resolve_device
+from kvbench.models.loaded import LoadedModel, resolve_device
 
 
 @functools.lru_cache(maxsize=1)

@@ -16,7 +16,7 @@ from kvbench import engine, memory, search
 from kvbench.attention import resolve_backend
 from kvbench.budgets import head_rule
 from kvbench.errors import OutOfMemory
-from kvbench.models.base import LoadedModel
+from kvbench.models.loaded import LoadedModel
 from kvbench.quant.qconfig import kv_quant
 from kvbench.run.record import memory_fields
 from kvbench.scoring import predictions

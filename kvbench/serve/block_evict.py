@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvbench.policies.base import Policy, ScoreContext
+from kvbench.policies.policy import Policy, ScoreContext
 
 BLOCK_SCORES = ("sum", "norm_sum")
 

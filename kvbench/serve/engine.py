@@ -21,7 +21,7 @@ import torch
 from kvbench.attention import kv_attention
 from kvbench.errors import ConfigError
 from kvbench.models.geometry import model_geometry
-from kvbench.policies.base import Policy
+from kvbench.policies.policy import Policy
 from kvbench.serve.block_evict import BlockRule
 from kvbench.serve.blocks import BlockManager
 from kvbench.serve.budgets import HeadBudgets, RequestBudgets
@@ -87,7 +87,7 @@ def serve(
     kinds=None,
 ) -> ServeOutput:
     """Serve `requests`; `head_budgets` (request -> (L, H) pairs) gives each (layer, KV head) its own budget;
-    `kinds`: the model's attention kinds when the caller has read them (kvbench.models.base.LoadedModel.kinds)."""
+    `kinds`: the model's attention kinds when the caller has read them (kvbench.models.loaded.LoadedModel.kinds)."""
     rule = BlockRule.of(policy, block_size)
     geo = model_geometry(model, kinds)
     shape = (len(geo["layer_devices"]), geo["num_kv_heads"])

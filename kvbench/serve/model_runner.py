@@ -18,16 +18,16 @@ from kvbench.cache.rotate import rotate
 from kvbench.errors import ConfigError
 from kvbench.models.family import kinds
 from kvbench.models.geometry import model_geometry, rope_inv_freq
-from kvbench.policies.base import Policy
+from kvbench.policies.policy import Policy
 from kvbench.serve.block_evict import block_scores, choose
 from kvbench.serve.observe import Observers
 from kvbench.serve.page_layout import Layout
 from kvbench.serve.paged_attention import PagedStep
 from kvbench.serve.paged_attention import backend as attention_backend
-from kvbench.serve.passes import Passes
 from kvbench.serve.pool import PagedPool
 from kvbench.serve.queries import QueryWindows
 from kvbench.serve.request import Request
+from kvbench.serve.request_passes import Passes
 from kvbench.serve.scheduler import Scheduled
 from kvbench.serve.score_context import request_stats
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.policies.base import Policy, ScoreContext
+from kvbench.policies.policy import Policy, ScoreContext
 
 
 def request_stats(pool, windows, req, policy: Policy, device, observers=None, passed=None) -> list[ScoreContext]:
     """[ScoreContext (L, 1, H, N)] or, heads holding different counts, one (1, 1, H, N) per layer; `observers`: the
     policy's own state (kvbench.serve.observe), its modules and rotary embedding; `passed`: (L, 1, H, N) its scoring
-    passes' statistic (kvbench.serve.passes)."""
+    passes' statistic (kvbench.serve.request_passes)."""
     slots, valid = pool.slots(req.pages, req.held)
     slots = slots.to(device)
     L, H, N = slots.shape

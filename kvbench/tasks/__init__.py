@@ -7,7 +7,7 @@ task's `metric` from here.
 """
 
 from kvbench.registry import discover
-from kvbench.tasks.base import Sample, Task
+from kvbench.tasks.task import Sample, Task
 
 TASKS: dict[str, type[Task]] = discover(__name__, __path__, Task)  # name -> class
 globals().update({cls.__name__: cls for cls in TASKS.values()})  # `from kvbench.tasks import CNNDM`

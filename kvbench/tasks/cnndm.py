@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from kvbench.tasks import scoring
+from kvbench.tasks import answer_metrics
 from kvbench.tasks.data import Source
 from kvbench.tasks.fewshot import FewShotTask
 
@@ -49,4 +49,4 @@ class CNNDM(FewShotTask):
         return [row["highlights"]]
 
     def score(self, answer: str, references: list[str]) -> dict[str, float]:
-        return scoring.rouge(answer, references)
+        return answer_metrics.rouge(answer, references)

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from kvbench.errors import ConfigError
-from kvbench.tasks import data, scoring, truncate
-from kvbench.tasks.base import Sample, Task
+from kvbench.tasks import answer_metrics, data, truncate
+from kvbench.tasks.task import Sample, Task
 
 SHOTS = ("fixed", "per_sample")
 
@@ -62,7 +62,7 @@ class FewShotTask(Task):
             raise ConfigError("task.n_shot", f"is larger than the {self.shot_split} split", self.n_shot)
         if self.metric.startswith("rouge"):
             try:
-                scoring.rouge_scorer()
+                answer_metrics.rouge_scorer()
             except ImportError as e:
                 raise ConfigError("task", str(e), self.name) from None
 

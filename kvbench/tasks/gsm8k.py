@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
-from kvbench.tasks import scoring
+from kvbench.tasks import answer_metrics
 from kvbench.tasks.data import Source
 from kvbench.tasks.fewshot import FewShotTask
 
@@ -65,4 +65,4 @@ class GSM8K(FewShotTask):
         return plain_number(numbers[0]) if numbers else ""
 
     def score(self, answer: str, references: list[str]) -> dict[str, float]:
-        return {"accuracy": float(any(scoring.same_number(answer, r) for r in references))}
+        return {"accuracy": float(any(answer_metrics.same_number(answer, r) for r in references))}

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from kvbench.tasks import scoring
+from kvbench.tasks import answer_metrics
 from kvbench.tasks.data import TEXT, Kind, Source
 from kvbench.tasks.fewshot import FewShotTask
 
@@ -70,4 +70,4 @@ class NarrativeQA(FewShotTask):
         return row["document"]["id"]
 
     def score(self, answer: str, references: list[str]) -> dict[str, float]:
-        return scoring.rouge(answer, references)
+        return answer_metrics.rouge(answer, references)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from kvbench.errors import ConfigError
-from kvbench.tasks.base import Sample, Task
+from kvbench.tasks.task import Sample, Task
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 INSTRUCTION = (

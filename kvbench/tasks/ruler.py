@@ -28,9 +28,9 @@ from typing import ClassVar
 from kvbench.errors import ConfigError
 from kvbench.tasks import ruler_data as rd
 from kvbench.tasks import ruler_text as rt
-from kvbench.tasks.base import Sample, Task
 from kvbench.tasks.ruler_make import GENERATORS, fit
 from kvbench.tasks.ruler_text import departures
+from kvbench.tasks.task import Sample, Task
 
 HAYSTACKS = {"niah": ("noise", "essay", "needle", "cnndm"), "variable_tracking": ("noise", "essay", "cnndm")}
 SOURCES = ("kvbench", "kvpress")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from kvbench.errors import ConfigError
 from kvbench.tasks import ruler_data as rd
-from kvbench.tasks.base import Sample
+from kvbench.tasks.task import Sample
 
 
 def render(task, tokenizer, context: str, question: str, answer_prefix: str) -> tuple[str, int]:

@@ -22,8 +22,8 @@ import torch
 
 from kvbench import attention, engine, memory
 from kvbench import budgets as B
+from kvbench.attention import backend_choice
 from kvbench.attention import flash as static_flash
-from kvbench.attention import select
 from kvbench.policies import BatchMax, Full, PyramidKV, registry
 from tests import flash_standin
 from tests.conftest import random_prompts
@@ -35,12 +35,12 @@ from tests.synccount import SyncCounter
 def flash_standin_on_cpu(monkeypatch):
     """The stand-in installed as `flash_attn`, and the CPU made a device flash-attn runs on (the gate)."""
     monkeypatch.setitem(sys.modules, "flash_attn", flash_standin.module())
-    monkeypatch.setattr(select, "FLASH_DEVICES", {"cuda", "cpu"})
-    monkeypatch.setattr(select, "_flash_works", {})
+    monkeypatch.setattr(backend_choice, "FLASH_DEVICES", {"cuda", "cpu"})
+    monkeypatch.setattr(backend_choice, "_flash_works", {})
     monkeypatch.setitem(static_flash._checked, "flash", False)
     flash_standin.CALLS.clear()
     yield
-    select._flash_works.clear()
+    backend_choice._flash_works.clear()
 
 
 @pytest.fixture(scope="module")
@@ -109,12 +109,12 @@ def test_flash_detection_falls_back_when_the_module_does_not_run(monkeypatch):
 
     broken.flash_attn_with_kvcache = fails
     monkeypatch.setitem(sys.modules, "flash_attn", broken)
-    monkeypatch.setattr(select, "FLASH_DEVICES", {"cuda", "cpu"})
-    monkeypatch.setattr(select, "_flash_works", {})
+    monkeypatch.setattr(backend_choice, "FLASH_DEVICES", {"cuda", "cpu"})
+    monkeypatch.setattr(backend_choice, "_flash_works", {})
     assert not attention.flash_available("cpu")
     assert attention.resolve("auto", device_type="cpu", dtype=torch.bfloat16, needs_attention=False) == "sdpa"
     monkeypatch.setitem(sys.modules, "flash_attn", flash_standin.module())
-    monkeypatch.setattr(select, "_flash_works", {})
+    monkeypatch.setattr(backend_choice, "_flash_works", {})
     assert attention.flash_available("cpu")
     assert attention.resolve("auto", device_type="cpu", dtype=torch.bfloat16, needs_attention=False) == "flash"
     assert attention.resolve("auto", device_type="cpu", dtype=torch.float32, needs_attention=False) == "sdpa"
@@ -157,7 +157,7 @@ def test_serve_flash_path_matches_paged_sdpa_in_bfloat16(flash_standin_on_cpu, t
 
     flash, out = run()
     assert flash_standin.CALLS and all(c["paged"] and c["dtype"] == torch.bfloat16 for c in flash_standin.CALLS)
-    select.FLASH_DEVICES.discard("cpu")  # the same run on paged SDPA
+    backend_choice.FLASH_DEVICES.discard("cpu")  # the same run on paged SDPA
     assert serve_attention.backend(torch.device("cpu"), torch.bfloat16, False, 256) == "paged_sdpa"
     sdpa, _ = run()
     assert flash == sdpa
@@ -292,7 +292,7 @@ def test_key_norm_policies_never_copy_every_key_to_float32(name):
     double the cache's memory and halve the policy's largest batch)."""
     from torch.overrides import TorchFunctionMode
 
-    from kvbench.policies.base import ScoreContext
+    from kvbench.policies.policy import ScoreContext
 
     L, B, H, N, D = 6, 2, 2, 32, 16
     keys = torch.randn(L, B, H, N, D, dtype=torch.bfloat16)

@@ -10,7 +10,7 @@ import torch
 
 from kvbench import engine
 from kvbench.attention import interface
-from kvbench.attention.static import StaticStep
+from kvbench.attention.static_step import StaticStep
 from kvbench.policies import BatchMax
 from tests.conftest import random_prompts
 

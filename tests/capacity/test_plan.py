@@ -190,7 +190,7 @@ def test_command_prints_the_table_and_rejects_bad_input(tmp_path):
 
 
 def test_the_old_memory_key_is_refused_naming_the_new_one():
-    from kvbench.capacity.cli import preflight
+    from kvbench.capacity.plan_cli import preflight
     from kvbench.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"memory\.budget_gb: was renamed memory\.limit_gb"):

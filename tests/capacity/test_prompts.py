@@ -1,4 +1,4 @@
-"""kvbench.capacity.prompts: plan.prompt_tokens for every sample, else the preflight's lengths; a tokenizer
+"""kvbench.capacity.plan_prompts: plan.prompt_tokens for every sample, else the preflight's lengths; a tokenizer
 that cannot be had names plan.prompt_tokens, a prompt the task cannot render names the task's key."""
 
 from __future__ import annotations

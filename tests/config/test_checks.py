@@ -1,4 +1,4 @@
-"""kvbench.config.checks: `check_config` never changes its config; `prepare` (presets, then the checks)
+"""kvbench.config.validate: `check_config` never changes its config; `prepare` (presets, then the checks)
 accepts and refuses configs with presets by the same lines as the former `validate`.
 
 The expected lines are literals (the former module's messages, checked against it: they pass on the commit
@@ -90,8 +90,8 @@ def test_presets_are_accepted_and_refused_as_before(overrides, line):
 def test_a_bad_dtype_is_refused_by_the_pure_check_whatever_was_loaded_before():
     """model.dtype is checked on the config itself: the preflight's config cache ignores the dtype (it does not
     change the tokenizer), so a bad dtype after a good one in one process (a multirun) used to pass until load."""
-    from kvbench.config.checks import DTYPE_NAMES
-    from kvbench.models.base import DTYPES
+    from kvbench.config.validate import DTYPE_NAMES
+    from kvbench.models.loaded import DTYPES
 
     assert DTYPE_NAMES == tuple(DTYPES)  # the names the loaders accept, without importing torch in the check
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

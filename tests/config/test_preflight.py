@@ -15,7 +15,7 @@ from kvbench import cli, engine
 from kvbench import run as kvrun
 from kvbench.config import CONF_DIR, build_policy, build_task, prepare
 from kvbench.config.preflight import check_question_room
-from kvbench.config.prompts import prompt_lengths, question_lengths
+from kvbench.config.prompt_lengths import prompt_lengths, question_lengths
 from kvbench.errors import ConfigError
 from tests.conftest import assert_one_line_exit_2
 

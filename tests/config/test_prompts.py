@@ -1,4 +1,4 @@
-"""kvbench.config.prompts.prompt_token_lengths: the one count of a task's prompts in tokens (the preflight's
+"""kvbench.config.prompt_lengths.prompt_token_lengths: the one count of a task's prompts in tokens (the preflight's
 and kvbench-plan's)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from kvbench.config.prompts import prompt_token_lengths
+from kvbench.config.prompt_lengths import prompt_token_lengths
 from kvbench.errors import ConfigError
 
 

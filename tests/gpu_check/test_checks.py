@@ -184,7 +184,7 @@ def test_main_runs_every_check_with_its_defaults(gc_mod, monkeypatch, capsys, gp
             return [{"check": name, "ok": True}]
         return check
 
-    cli = importlib.import_module("kvbench.gpu_check.cli")  # main() calls the checks through its own module
+    cli = importlib.import_module("kvbench.gpu_check.gpu_cli")  # main() calls the checks through its own module
     for name in ("check_parity", "check_memory", "check_syncs", "check_serve", "check_offload",
                  "check_search_and_two_batches", "check_device_map"):
         monkeypatch.setattr(cli, name, fake(name.removeprefix("check_")))

@@ -424,7 +424,7 @@ def _phi3_longrope(limit: int = 32):
     """Tiny Phi-3 with longrope whose short/long switch sits at `limit` positions (no window)."""
     from transformers import AutoModelForCausalLM
 
-    from kvbench.models.base import finish
+    from kvbench.models.loaded import finish
     from kvbench.models.tiny import byte_tokenizer
 
     cfg = tiny_config("phi3-window")

@@ -9,7 +9,7 @@ import torch
 
 from kvbench.errors import ConfigError
 from kvbench.policies import LagKV
-from kvbench.policies.base import ScoreContext
+from kvbench.policies.policy import ScoreContext
 from tests import reference as R
 from tests.policies.test_scored import PROMPTS, assert_traces_match, reference, run_engine
 from tests.reference_methods import lagkv

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from kvbench import policies
-from kvbench.policies.base import Needs, Policy, ScoreContext
+from kvbench.policies.policy import Needs, Policy, ScoreContext
 from tests import reference as R
 from tests.memory import test_account_registry as account
 from tests.policies.test_scored import PROMPTS, assert_traces_match, reference, run_engine

@@ -17,7 +17,7 @@ import torch
 
 from kvbench import policies
 from kvbench.models import prerope
-from kvbench.policies.base import Needs, Policy, ScoreContext
+from kvbench.policies.policy import Needs, Policy, ScoreContext
 from tests.conftest import random_prompts
 from tests.memory import test_account_registry as account
 from tests.policies.test_scored import run_engine

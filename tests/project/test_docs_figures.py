@@ -835,6 +835,19 @@ def test_benchmarks_md_figures():
     states(doc, f"(load average {a['load_avg_1m_before']:.0f}-{a['load_avg_1m_after']:.0f}, {a['new_tokens']} new tokens): it met both")
 
 
+def test_benchmarks_md_before_after():
+    before, after = lines("results/bench_overhead_before_after.jsonl")
+    assert before["provenance"]["commit"].startswith("14415f2") and after["provenance"]["commit"].startswith("923ff72")
+    assert all(r["b1"]["identical_tokens"] and r["b8"]["identical_tokens"] for r in (before, after))
+    states("docs/benchmarks.md",
+           f"load average {before['provenance']['load_avg_1m_before']:.1f} before and "
+           f"{after['provenance']['load_avg_1m_after']:.1f} after",
+           f"{before['b1']['ratio']:.3f} before and {after['b1']['ratio']:.3f} after at batch 1, "
+           f"{before['b8']['ratio']:.3f} before and {after['b8']['ratio']:.3f} after at batch 8",
+           f"{before['b8']['kvbench_tok_s']:.2f} before and {after['b8']['kvbench_tok_s']:.2f} after at batch 8 while "
+           f"`model.generate` measured {before['b8']['generate_tok_s']:.2f} and {after['b8']['generate_tok_s']:.2f}")
+
+
 def test_benchmarks_md_sdpa_line():
     e = eviction_line("sdpa")
     p = e["provenance"]

@@ -201,7 +201,7 @@ def check_kvbench(cmd: Command, args: list[str], monkeypatch, request, check=Non
 
 
 def check_report(cmd: Command, args: list[str], tmp_path) -> None:
-    from kvbench.report.cli import main
+    from kvbench.report.report_cli import main
 
     words = list(args)
     src = Path(words[0])

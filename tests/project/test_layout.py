@@ -117,3 +117,28 @@ def test_the_limits_see_an_offender():
     """The check itself: a module and a class one line over are found, one at the limit is not."""
     assert over_limits({"a.py": MAX_LINES + 1, "b.py": MAX_LINES, "a.py::C": MAX_CLASS_LINES + 1,
                         "a.py::D": MAX_CLASS_LINES}) == {"a.py": MAX_LINES + 1, "a.py::C": MAX_CLASS_LINES + 1}
+
+
+def test_module_names_are_unique():
+    """One meaning per name (issue 42): no two modules of kvbench share a file name (`__init__`/`__main__` aside),
+    so `scoring`, `select` or `passes` names one module, wherever it is imported."""
+    from collections import Counter
+
+    names = Counter(p.name for p in PKG.rglob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert not [n for n, c in names.items() if c > 1], sorted(n for n, c in names.items() if c > 1)
+
+
+def test_package_docstrings_name_modules_that_exist():
+    """A package docstring's list of its rooms (`    name.py   what it does`) names only modules that exist, and
+    every module of the package that has such a list (stale lists: a renamed module left under its old name)."""
+    import re
+
+    for init in PKG.rglob("__init__.py"):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        heads = re.findall(r"^ {4}(\w+\.py(?:, \w+\.py)*)\s", doc, re.M)  # `a.py, b.py   what they do`
+        listed = {name for head in heads for name in head.split(", ")}
+        if not listed:
+            continue
+        here = {p.name for p in init.parent.glob("*.py")} - {"__init__.py", "__main__.py"}
+        assert listed <= here, f"{init.relative_to(PKG.parent)} names missing modules: {sorted(listed - here)}"
+        assert here <= listed, f"{init.relative_to(PKG.parent)} does not name: {sorted(here - listed)}"

@@ -119,7 +119,7 @@ def test_adaptive_head_budgets_keep_adakvs_pairs_and_free_pages_per_head(tiny_ll
     scores are a hash of (layer, head, position), recomputed here from positions alone), and the pool's free
     pages are exactly what the heads' own counts leave."""
     from kvbench.policies import Random
-    from kvbench.policies.base import ScoreContext
+    from kvbench.policies.policy import ScoreContext
     from kvbench.serve import model_runner
 
     b, bs, P = 12, 1, 40  # one-slot pages: each head keeps exactly its pairs

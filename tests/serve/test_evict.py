@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from kvbench.policies import H2O, BatchMax, Full, Window
-from kvbench.policies.base import ScoreContext
+from kvbench.policies.policy import ScoreContext
 from kvbench.serve.block_evict import BlockRule, block_scores, choose_blocks
 
 

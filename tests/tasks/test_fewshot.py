@@ -17,7 +17,7 @@ from kvbench import run as kvrun
 from kvbench.config import CONF_DIR, build_task, prepare
 from kvbench.errors import ConfigError
 from kvbench.results import read_jsonl, read_records
-from kvbench.tasks import CNNDM, GSM8K, NarrativeQA, data, scoring
+from kvbench.tasks import CNNDM, GSM8K, NarrativeQA, answer_metrics, data
 from kvbench.tasks.fewshot import permutation
 from kvbench.tasks.narrativeqa import answer_texts
 
@@ -177,7 +177,7 @@ def test_hub_split_sizes_are_checked_without_downloading(monkeypatch):
 
 def test_missing_rouge_is_an_error_never_a_zero(monkeypatch, tmp_path):
     root = str(write_mirror(tmp_path))
-    scoring.rouge_scorer.cache_clear()
+    answer_metrics.rouge_scorer.cache_clear()
     monkeypatch.setitem(sys.modules, "rouge_score", None)
     try:
         with pytest.raises(ConfigError, match=r"^task=cnndm: .*pip install rouge-score"):
@@ -185,10 +185,10 @@ def test_missing_rouge_is_an_error_never_a_zero(monkeypatch, tmp_path):
         with pytest.raises(ConfigError, match=r"^task=narrativeqa: "):
             NarrativeQA(data_dir=root)
         with pytest.raises(ImportError, match="rouge-score"):
-            scoring.rouge("a b", ["a b"])
+            answer_metrics.rouge("a b", ["a b"])
         GSM8K(data_dir=root)  # does not need it
     finally:
-        scoring.rouge_scorer.cache_clear()
+        answer_metrics.rouge_scorer.cache_clear()
 
 
 def test_cli_rejects_too_many_samples_before_loading_a_model(tmp_path, monkeypatch, capsys):
@@ -429,15 +429,15 @@ def test_stop_strings_cut_the_generation():
 # ----------------------------------------------------------------------------- ROUGE
 def test_rouge2_against_hand_computed_values():
     # bigrams: reference {the cat, cat sat, sat on, on the, the mat}, prediction shares 3 of its 5
-    s = scoring.rouge("the cat lay on the mat", ["the cat sat on the mat"])
+    s = answer_metrics.rouge("the cat lay on the mat", ["the cat sat on the mat"])
     assert s["rouge2"] == pytest.approx(0.6)
     assert s["rouge1"] == pytest.approx(5 / 6)  # 5 of 6 unigrams in common
     assert s["rougeL"] == pytest.approx(5 / 6)  # LCS: the cat on the mat
     # precision 2/2, recall 2/3 -> F1 = 0.8
-    assert scoring.rouge("alpha beta gamma", ["alpha beta gamma delta"])["rouge2"] == pytest.approx(0.8)
+    assert answer_metrics.rouge("alpha beta gamma", ["alpha beta gamma delta"])["rouge2"] == pytest.approx(0.8)
     # stemming on: cats -> cat, running -> run; case and punctuation ignored
-    assert scoring.rouge("The cats running.", ["the cat run"])["rouge2"] == pytest.approx(1.0)
-    assert scoring.rouge("nothing shared here", ["the cat sat"]) == {"rouge1": 0.0, "rouge2": 0.0, "rougeL": 0.0}
+    assert answer_metrics.rouge("The cats running.", ["the cat run"])["rouge2"] == pytest.approx(1.0)
+    assert answer_metrics.rouge("nothing shared here", ["the cat sat"]) == {"rouge1": 0.0, "rouge2": 0.0, "rougeL": 0.0}
 
 
 def test_rouge_takes_the_best_reference():

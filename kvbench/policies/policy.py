@@ -60,7 +60,7 @@ class ScoreContext:
     query_pos: (1, B, 1, W) their source positions, -1 for an empty entry (fewer than W processed)
     scale:   the attention's softmax scale (the model's, usually D ** -0.5)
     passed:  (L, B, H_kv, N) the running max of the policy's scoring passes' statistic (`pass_scores`), 0 for a
-             pair no pass scored; when `needs.passes` (kvbench.attention.passes)
+             pair no pass scored; when `needs.passes` (kvbench.attention.pass_step)
     pair:    {name: (L, B, H_kv, N) float32} the policy's own per-pair statistics (`needs.pair_state`)
     state:   {name: (L, B, *shape) float32} its own row state (`needs.row_state`), as `observe` left it
     modules: the attention modules of the L layers; rotary: the model's rotary embedding (`needs.module`)
@@ -161,7 +161,7 @@ class Policy:
         return 0
 
     def pass_bytes(self, **shape: int) -> int:  # rows, kv_heads, q_heads, tokens, pairs, head_dim, elem
-        """`needs.passes`: transient bytes `pass_scores` allocates at one layer (kvbench.memory.passes)."""
+        """`needs.passes`: transient bytes `pass_scores` allocates at one layer (kvbench.memory.pass_bytes)."""
         return 0
 
     def pass_scores(self, ctx) -> torch.Tensor:

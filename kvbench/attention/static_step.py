@@ -7,7 +7,7 @@ attention statistics, the newest queries and a policy's own observations of the 
 `observes` say what it wants), the backend and the query chunk of the statistics pass, and the timer. The cache
 provides `layout` and `sink`; the engine builds the step once per batch (`KVCache.attention_step`).
 
-Backends (`backend`, already resolved: kvbench.attention.select): sdpa / flash return the output only and the
+Backends (`backend`, already resolved: kvbench.attention.backend_choice): sdpa / flash return the output only and the
 statistics come from a separate chunked pass (timed as "attn_stats"); fused computes both from one set of
 probabilities per chunk; eager is transformers' eager path on the cache.
 """
@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 import torch
 
 from kvbench.attention import eager, flash, fused, sdpa
-from kvbench.attention import stats as statistics
-from kvbench.attention.errors import AttentionError, UnsupportedBackend
+from kvbench.attention import pair_weights as statistics
 from kvbench.attention.interface import SCORE_CHUNK
+from kvbench.attention.unsupported import AttentionError, UnsupportedBackend
 
 
 @dataclass

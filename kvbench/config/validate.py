@@ -27,7 +27,7 @@ from kvbench.config.schema import MODES, SERVE_MODES
 from kvbench.config.serve_checks import check_serve
 from kvbench.errors import ConfigError
 
-DTYPE_NAMES = ("float32", "float16", "bfloat16", "float64")  # kvbench.models.base.DTYPES' names (no torch here)
+DTYPE_NAMES = ("float32", "float16", "bfloat16", "float64")  # kvbench.models.loaded.DTYPES' names (no torch here)
 
 
 RENAMED = {"memory.budget_gb": "memory.limit_gb"}  # old key -> its name now ("budget" means KV pairs)
@@ -92,7 +92,7 @@ def check_config(cfg: DictConfig) -> None:
     if cfg.search.only and not cfg.search.max_batch:
         raise ConfigError("search.only", "needs search.max_batch=true (there is no search to stop after)", True)
     search_candidates(cfg)
-    from kvbench.models.base import resolve_device
+    from kvbench.models.loaded import resolve_device
 
     on_cpu = resolve_device(cfg.device).type == "cpu"
     if on_cpu and cfg.search.max_batch and b is None:

@@ -1,4 +1,4 @@
-"""The account's term of a policy's scoring passes (kvbench.attention.passes): transient bytes of the largest pass.
+"""The account's term of a policy's scoring passes (kvbench.attention.pass_step): transient bytes of the largest pass.
 
 A pass of T tokens (`Policy.pass_width`: the widest pass of a context, an upper bound before `prepare`) over N
 held pairs runs the decoder on (B, T) with the engine's attention over N + T keys: the forward's own buffers

@@ -1,4 +1,4 @@
-"""The static engine's scoring passes (kvbench.attention.passes), run at the policy's compression point
+"""The static engine's scoring passes (kvbench.attention.pass_step), run at the policy's compression point
 (schedule=after_prefill: after the prompt, before the first decode step; query-agnostic runs: before the question),
 over the cache's held pairs; the running max is left on each group of layers (`Group.passed`) for the eviction.
 Timed as the "score_pass" section (the record's `score_pass_s`, inside `prefill_s`).
@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kvbench.attention.passes import run_rows
+from kvbench.attention.pass_step import run_rows
 
 
 def run_passes(batch, policy, forward) -> None:

@@ -12,9 +12,9 @@ import time
 from collections.abc import Callable, Sequence
 
 from kvbench.arguments import Parser
-from kvbench.gpu_check.checks import SKIPPED, exit_code, line, search_samples, summary
 from kvbench.gpu_check.resources import check_memory, check_search_and_two_batches, check_syncs
 from kvbench.gpu_check.tokens import check_device_map, check_offload, check_parity, check_serve
+from kvbench.gpu_check.verdicts import SKIPPED, exit_code, line, search_samples, summary
 
 DESCRIPTION = ("`kvbench-gpu-check` (`make gpu-check`): the one-command acceptance of kvbench's GPU path, on a machine "
                "with >= 1 CUDA GPU.")

@@ -1,6 +1,6 @@
 """Serve mode's scoring passes: a policy's extra forwards over one request's context (KVzip's reconstruction),
 run when the request reaches its compression point (schedule=after_prefill: its prompt computed, before the one
-compression), as the static engine runs them (kvbench.attention.passes: the same `scoring_passes` / `pass_scores`,
+compression), as the static engine runs them (kvbench.attention.pass_step: the same `scoring_passes` / `pass_scores`,
 the same `PassStep`).
 
 One request at a time (a request passes once, at its compression point; a preempted one again after its
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.attention.passes import run_rows
+from kvbench.attention.pass_step import run_rows
 
 
 class Passes:

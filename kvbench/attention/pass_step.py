@@ -1,6 +1,6 @@
 """Scoring passes: a policy's extra forwards over token sequences built from a row's context (KVzip's reconstruction
-passes), the attention step they run with, shared by the static engine (kvbench.engine.passes) and serve mode
-(kvbench.serve.passes).
+passes), the attention step they run with, shared by the static engine (kvbench.engine.scoring_passes) and serve mode
+(kvbench.serve.request_passes).
 
 The policy (`needs.passes`) gives each row's passes (`Policy.scoring_passes(context ids)` -> `ScoringPass`es: the
 ids fed and the context positions [start, end) the pass scores). Pass i of every row that has one runs in one

@@ -51,7 +51,7 @@ def preflight(argv: list[str]) -> None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from kvbench.cli import HELP_FLAGS, split_argv
-    from kvbench.config.checks import refuse_renamed
+    from kvbench.config.validate import refuse_renamed
 
     overrides, multirun, config_name, runs = split_argv(argv)
     if any(a in HELP_FLAGS for a in argv):

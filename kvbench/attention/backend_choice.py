@@ -3,7 +3,7 @@
 The choice is made once per run, before the first forward, from the device, the dtype, whether the policy
 needs attention statistics, whether its heads may hold different counts (a mask per KV head, which flash-attn
 takes not), and whether the model's attention has sinks or soft-capping (no SDPA or flash kernel does either). A
-backend that cannot run is `UnsupportedBackend` (kvbench.attention.errors; the config checks name the key). The record and the memory account name the backend `resolve` returns, so this is the
+backend that cannot run is `UnsupportedBackend` (kvbench.attention.unsupported; the config checks name the key). The record and the memory account name the backend `resolve` returns, so this is the
 only place that decides it.
 
 flash-attn is "available" when a device type it supports is present and one tiny kernel call succeeds (a
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.attention.errors import UnsupportedBackend
+from kvbench.attention.unsupported import UnsupportedBackend
 
 BACKENDS = ("auto", "sdpa", "flash", "eager", "fused")
 FLASH_DEVICES = {"cuda"}  # device types flash-attn runs on (tests add "cpu" with a stand-in kernel)
