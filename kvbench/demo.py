@@ -9,16 +9,21 @@ CNN/DailyMail samples too. Every run goes through `kvbench.run.run`, so the reco
 
 from __future__ import annotations
 
+import json
 import sys
+import tempfile
+from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
 from kvbench.config import CONF_DIR
 from kvbench.policies import registry
 from kvbench.run import run
+from kvbench.tasks.passkey import FILLER, INSTRUCTION, QUESTION
 
-# every registered policy (kvbench.policies.registry), at kv 256; the two whose budget is fixed keep their own
-FIXED_BUDGET = {"full": [], "extreme_decode": ["policy.kv_size=2"]}
+# every registered policy (kvbench.policies.registry), at kv 256; those whose budget is fixed keep their own
+# (DuoAttention's is its head pattern: half its heads streaming, sink + recent each, calibrated below)
+FIXED_BUDGET = {"full": [], "extreme_decode": ["policy.kv_size=2"], "duo_attention": []}
 POLICIES = [[f"policy={name}", *FIXED_BUDGET.get(name, ["policy.kv_size=256"])] for name in registry()]
 RESULTS_DIR = "outputs/demo"  # the demo's own folder beside the root config's default (outputs)
 TASK_OVERRIDES = {  # task -> the overrides the demo runs it with
@@ -45,14 +50,28 @@ def table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def duo_calibration() -> str:
+    """DuoAttention's calibration texts for the demo's model (no pattern is published for it): passkey retrieval
+    texts, the kind of text its retrieval heads were found on, written to a temporary .jsonl."""
+    texts = [INSTRUCTION + FILLER * (4 + 3 * i) + f"The pass key is {key}. Remember it. {key} is the pass key. "
+             + FILLER * (40 - 3 * i) + QUESTION for i, key in enumerate((31415, 27182, 16180, 14142))]
+    path = Path(tempfile.mkdtemp(prefix="kvbench-demo-")) / "duo_calibration.jsonl"
+    path.write_text("".join(json.dumps(t) + "\n" for t in texts))
+    return str(path)
+
+
 def main(argv: list[str] | None = None) -> None:
     extra = list(sys.argv[1:] if argv is None else argv)
+    policies = POLICIES
+    if not any(a.startswith(("policy.calibration=", "policy.patterns=")) for a in extra):
+        policies = [[*p, f"policy.calibration={duo_calibration()}"] if p[0] == "policy=duo_attention" else p
+                    for p in POLICIES]
     has_data = any(a.startswith("data.dir=") and a.split("=", 1)[1] for a in extra)
     tasks = ["passkey"] + (["cnndm"] if has_data else [])
     records = []
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="demo"):
         for task in tasks:
-            for pol in POLICIES:
+            for pol in policies:
                 cfg = compose("config", overrides=[f"results_dir={RESULTS_DIR}", *TASK_OVERRIDES[task], *pol, *extra])
                 records.append(run(cfg))
                 print(table(records[-1:]).splitlines()[-1], flush=True)
