@@ -16,26 +16,20 @@ sample's choice to the whole batch). Defined once, on the whole prompt (schedule
 protocol); the other schedules are refused.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
 from kvbench.budgets import is_int
 from kvbench.errors import ConfigError
-from kvbench.policies.inner_score import Wraps, build_inner, raised_score
-from kvbench.policies.policy import AFTER_PREFILL, Policy, ScoreContext
-
-NOT_INNER = ("chunkkv", "full", "extreme_decode")  # itself, a policy without a score, one without after_prefill
+from kvbench.policies.inner_score import Wrapper, raised_score
+from kvbench.policies.policy import AFTER_PREFILL, ScoreContext
 
 
 @dataclass
-class ChunkKV(Wraps, Policy):
-    kv_size: int | None = 256
-    schedule: str = AFTER_PREFILL
-    inner: str = "snapkv"  # the registered policy whose score ranks the chunks
+class ChunkKV(Wrapper):
     chunk_length: int = 20
-    inner_args: dict = field(default_factory=dict)  # the inner policy's own knobs (its defaults otherwise)
     name: ClassVar[str] = "chunkkv"
     no_loglikelihood: ClassVar[str | None] = "its whole-chunk budget is not applied by the log-likelihood path's compression yet"
     label: ClassVar[str] = "ChunkKV"
@@ -44,16 +38,13 @@ class ChunkKV(Wraps, Policy):
     published_schedule: ClassVar[str] = AFTER_PREFILL  # kvpress's ChunkKVPress: the prompt compressed once
     gqa_note: ClassVar[str] = "GQA models: the inner score aggregates a KV group's query heads its own way"
     layer_budget: ClassVar[str] = "chunks"  # kvbench/budgets/chunk_layers.py
+    not_inner: ClassVar[tuple[str, ...]] = ("chunkkv", "full", "extreme_decode")  # itself, no score, no after_prefill
+    why_once: ClassVar[str] = "keeps whole chunks of the whole prompt, chosen once"
+    why_uniform: ClassVar[str] = "keeps the same chunks in every KV head"
 
     def validate(self) -> None:
         if not is_int(self.chunk_length) or self.chunk_length < 1:
             raise ConfigError("policy.chunk_length", "must be an integer >= 1", self.chunk_length)
-        self._inner = build_inner(self, NOT_INNER, "ChunkKV")
-        if self.schedule != AFTER_PREFILL:
-            raise ConfigError("policy.schedule", "chunkkv keeps whole chunks of the whole prompt, chosen once: use "
-                              "policy.schedule=after_prefill", self.schedule)
-        if self.head_budget != "uniform":
-            raise ConfigError("policy.head_budget", "chunkkv keeps the same chunks in every KV head", self.head_budget)
         super().validate()
 
     def score(self, stats: ScoreContext) -> torch.Tensor:
@@ -72,8 +63,8 @@ class ChunkKV(Wraps, Policy):
         return torch.where(n < c, g, out)  # shorter than one chunk: the inner score
 
     def score_bytes(self, *, layers, rows, kv_heads, q_heads, pairs, head_dim, elem) -> int:
-        inner = self._inner.score_bytes(layers=layers, rows=rows, kv_heads=kv_heads, q_heads=q_heads, pairs=pairs,
-                                        head_dim=head_dim, elem=elem)
+        inner = self.inner_score_bytes(layers=layers, rows=rows, kv_heads=kv_heads, q_heads=q_heads, pairs=pairs,
+                                       head_dim=head_dim, elem=elem)
         return inner + 4 * layers * rows * kv_heads * pairs * 4 + 4 * layers * rows * pairs * 4
 
     def describe(self, gqa: bool = False, paged: bool = False) -> dict:

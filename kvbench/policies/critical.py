@@ -16,25 +16,19 @@ that one compression's budget); the other schedules are refused, and so are adap
 """
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
 from kvbench.errors import ConfigError
-from kvbench.policies.inner_score import Wraps, build_inner, raised_score
+from kvbench.policies.inner_score import Wrapper, raised_score
 from kvbench.policies.kvzip_plus import value_out_norms
-from kvbench.policies.policy import AFTER_PREFILL, Needs, Policy, ScoreContext
-
-NOT_INNER = ("critical", "chunkkv", "full", "extreme_decode")  # wrappers, no score, no after_prefill
+from kvbench.policies.policy import AFTER_PREFILL, Needs, ScoreContext
 
 
 @dataclass
-class Critical(Wraps, Policy):
-    kv_size: int | None = 256
-    schedule: str = AFTER_PREFILL
-    inner: str = "snapkv"  # the registered policy whose score is rescaled
-    inner_args: dict = field(default_factory=dict)  # the inner policy's own knobs (its defaults otherwise)
+class Critical(Wrapper):
     epsilon: float = 1e-4
     first_stage_ratio: float = 0.5
     name: ClassVar[str] = "critical"
@@ -44,17 +38,13 @@ class Critical(Wraps, Policy):
     paper: ClassVar[tuple[str, str]] = ("Feng et al., 2025", "https://arxiv.org/abs/2502.03805")
     published_schedule: ClassVar[str] = AFTER_PREFILL  # kvpress's CriticalKVPress: the prompt compressed once
     gqa_note: ClassVar[str] = "GQA models: the value's output norm is averaged over a KV group's query heads (as kvpress)"
+    not_inner: ClassVar[tuple[str, ...]] = ("critical", "chunkkv", "full", "extreme_decode")  # wrappers, no score
+    why_once: ClassVar[str] = "takes its first stage as a share of the one compression's budget"
+    why_uniform: ClassVar[str] = "splits the budget evenly over KV heads (CriticalAdaKV's adaptive split is another rule)"
 
     def validate(self) -> None:
         if not 0 <= self.first_stage_ratio <= 1:
             raise ConfigError("policy.first_stage_ratio", "must be in [0, 1]", self.first_stage_ratio)
-        self._inner = build_inner(self, NOT_INNER, "CriticalKV")
-        if self.schedule != AFTER_PREFILL:
-            raise ConfigError("policy.schedule", "critical's first stage is a share of the one compression's budget: "
-                              "use policy.schedule=after_prefill", self.schedule)
-        if self.head_budget != "uniform":
-            raise ConfigError("policy.head_budget", "critical splits the budget evenly over KV heads (CriticalAdaKV's "
-                              "adaptive split is another rule)", self.head_budget)
         super().validate()
 
     @property
@@ -90,8 +80,8 @@ class Critical(Wraps, Policy):
     def score_bytes(self, *, layers, rows, kv_heads, q_heads, pairs, head_dim, elem) -> int:
         """The inner score's transient, or after it: its raised copy, the ranks (int64) and first stage, the output
         norms and products, and one KV head's W_O v (B, G, N, hidden ~ H_q D) with its norms."""
-        inner = self._inner.score_bytes(layers=layers, rows=rows, kv_heads=kv_heads, q_heads=q_heads, pairs=pairs,
-                                        head_dim=head_dim, elem=elem)
+        inner = self.inner_score_bytes(layers=layers, rows=rows, kv_heads=kv_heads, q_heads=q_heads, pairs=pairs,
+                                       head_dim=head_dim, elem=elem)
         cells = layers * rows * kv_heads * pairs
         per_head = rows * (q_heads // kv_heads) * pairs * (q_heads * head_dim + 1) * elem
         return max(inner + 2 * cells * 4, cells * (5 * 4 + 2 * 8) + per_head)

@@ -1,11 +1,15 @@
-"""The inner policy of a wrapper (ChunkKV, CriticalKV): a registered policy whose score the wrapper reads.
+"""A wrapper policy (ChunkKV, CriticalKV) over an inner one: a registered policy whose score the wrapper reads.
 
-`build_inner` checks `policy.inner` / `policy.inner_args` and makes the inner policy (schedule after_prefill, its own
-knobs at their defaults unless given); `raised_score` is its score with the pairs it protects (SnapKV's
-observation window, sinks) raised to the layer's largest score, as kvpress's SnapKVPress gives its window.
+`Wrapper` is their common base: the knobs (`inner`, `inner_args`, once after prefill), the refusals (other
+schedules, adaptive head budgets), and what the wrapper hands to the inner policy (`Wraps`). `build_inner` checks
+`policy.inner` / `policy.inner_args` and makes the inner policy (schedule after_prefill, its own knobs at their
+defaults unless given); `raised_score` is its score with the pairs it protects (SnapKV's observation window,
+sinks) raised to the layer's largest score, as kvpress's SnapKVPress gives its window.
 """
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -81,3 +85,32 @@ class Wraps:
 
     def pass_scores(self, ctx):
         return self._inner.pass_scores(ctx)
+
+
+@dataclass
+class Wrapper(Wraps, Policy):
+    """A policy over `inner`'s score, defined once on the whole prompt (kvpress's protocol), every KV head the same
+    budget. A subclass names what it cannot wrap (`not_inner`) and why it is once only (`why_once`) and uniform
+    over heads (`why_uniform`), for the refusals."""
+
+    kv_size: int | None = 256
+    schedule: str = AFTER_PREFILL
+    inner: str = "snapkv"  # the registered policy whose score the wrapper reads
+    inner_args: dict = field(default_factory=dict)  # the inner policy's own knobs (its defaults otherwise)
+    abstract: ClassVar[bool] = True
+    not_inner: ClassVar[tuple[str, ...]] = ()
+    why_once: ClassVar[str] = ""  # why only schedule=after_prefill
+    why_uniform: ClassVar[str] = ""  # why only head_budget=uniform
+
+    def validate(self) -> None:
+        self._inner = build_inner(self, self.not_inner, self.label)
+        if self.schedule != AFTER_PREFILL:
+            raise ConfigError("policy.schedule", f"{self.name} {self.why_once}: use policy.schedule=after_prefill",
+                              self.schedule)
+        if self.head_budget != "uniform":
+            raise ConfigError("policy.head_budget", f"{self.name} {self.why_uniform}", self.head_budget)
+        super().validate()
+
+    def inner_score_bytes(self, **shape: int) -> int:
+        """The inner score's transient (`score_bytes`'s keywords)."""
+        return self._inner.score_bytes(**shape)
