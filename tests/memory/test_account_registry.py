@@ -35,41 +35,60 @@ def tensor_bytes(cache: KVCache) -> int:
         x.untyped_storage().nbytes() for g in cache.groups for x in [*g.own.values(), *g.rows.values()])
 
 
+class Forwards:
+    """At every forward of `model`'s decoder inside the block (prefill chunks too), `cache_bytes(caches)` of the
+    caches made inside it: in `seen`, or in `during_passes` inside the engine's scoring passes (which write nothing
+    to the cache); `peak`: the peak of every tensor storage created inside the block (AllocatedBytes)."""
+
+    def __init__(self, model, cache_bytes, monkeypatch):
+        self.model, self.cache_bytes = model, cache_bytes
+        self.seen, self.during_passes, self.peak, self._in_pass = [], [], 0, False
+        real_passes = engine_loop.run_passes
+
+        def run_passes(*a, **k):
+            self._in_pass = True
+            try:
+                return real_passes(*a, **k)
+            finally:
+                self._in_pass = False
+
+        monkeypatch.setattr(engine_loop, "run_passes", run_passes)
+
+    def _measure(self, module, args, kwargs):
+        new = [c for c in KVCache.live() if id(c) not in self._before]
+        (self.during_passes if self._in_pass else self.seen).append(self.cache_bytes(new))
+
+    def __enter__(self):
+        self._before = {id(c) for c in KVCache.live()}
+        self._hook = self.model.get_decoder().register_forward_pre_hook(self._measure, with_kwargs=True)
+        self._allocated = AllocatedBytes().__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._allocated.__exit__(*exc)
+        self._hook.remove()
+        self.peak = self._allocated.peak
+
+    def check(self, acc, policy) -> None:
+        """The account `acc` (one device's) is what was measured, forward by forward, and bounds the peak."""
+        assert len(self.seen) >= 6 and self.seen == list(acc.kv_steps), (self.seen, acc.kv_steps)
+        assert max(self.seen) == acc.kv_cache, (self.seen, acc.kv_cache)
+        assert (len(self.during_passes) > 0) == policy.needs.passes
+        assert all(b == max(self.seen) for b in self.during_passes), self.during_passes
+        accounted = acc.kv_cache + acc.transient
+        assert 0.99 * self.peak <= accounted <= 1.15 * self.peak, (accounted, self.peak, accounted / self.peak)
+
+
 @pytest.mark.parametrize("name", sorted(registry()))
 def test_account_charges_the_cache_measured_at_every_forward(name, tiny_llama, monkeypatch):
     policy = _at_test_size(name)
     policy.prepare(tiny_llama.tokenizer)  # as kvbench.engine.generate does
     model = tiny_llama.model
     acc = memory.account(model, list(LENGTHS), policy, max_new_tokens=6).devices["cpu"]
-    before = {id(c) for c in KVCache.live()}
-    seen, in_pass, during_passes = [], [False], []
-
-    def measure(module, args, kwargs):
-        held = sum(tensor_bytes(c) for c in KVCache.live() if id(c) not in before)
-        (during_passes if in_pass[0] else seen).append(held)  # a scoring pass writes nothing to the cache
-
-    real_passes = engine_loop.run_passes
-
-    def run_passes(*a, **k):
-        in_pass[0] = True
-        try:
-            return real_passes(*a, **k)
-        finally:
-            in_pass[0] = False
-
-    monkeypatch.setattr(engine_loop, "run_passes", run_passes)
-
-    hook = model.get_decoder().register_forward_pre_hook(measure, with_kwargs=True)  # every forward, chunks too
-    try:
-        with kv_attention(model, hidden=policy.needs.hidden), AllocatedBytes() as measured:
-            generate_batch(model, random_prompts(LENGTHS, seed=3), policy, max_new_tokens=6)
-    finally:
-        hook.remove()
-    assert len(seen) >= 6 and seen == list(acc.kv_steps), (seen, acc.kv_steps)  # forward by forward
-    assert max(seen) == acc.kv_cache, (seen, acc.kv_cache)
-    assert (len(during_passes) > 0) == policy.needs.passes and all(b == max(seen) for b in during_passes)
-    accounted = acc.kv_cache + acc.transient
-    assert 0.99 * measured.peak <= accounted <= 1.15 * measured.peak, (accounted, measured.peak)
+    forwards = Forwards(model, lambda caches: sum(tensor_bytes(c) for c in caches), monkeypatch)
+    with kv_attention(model, hidden=policy.needs.hidden), forwards:
+        generate_batch(model, random_prompts(LENGTHS, seed=3), policy, max_new_tokens=6)
+    forwards.check(acc, policy)
 
 
 @pytest.mark.parametrize("name", sorted(registry()))
