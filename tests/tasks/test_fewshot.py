@@ -191,6 +191,25 @@ def test_missing_rouge_is_an_error_never_a_zero(monkeypatch, tmp_path):
         answer_metrics.rouge_scorer.cache_clear()
 
 
+def test_making_the_rouge_scorer_logs_nothing_whatever_logging_is_set_up(caplog):
+    """rouge-score logs "Using default tokenizer." at INFO through absl: after a caller (pytest, a sweep, absl itself)
+    set logging up at INFO, it would reach a command's stderr beside a one-line refusal."""
+    import logging
+
+    answer_metrics.rouge_scorer.cache_clear()
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.INFO)
+    try:
+        with caplog.at_level(logging.INFO):
+            answer_metrics.rouge_scorer()
+        assert not [r for r in caplog.records if r.name == "absl"], caplog.text
+        assert absl.level == logging.INFO  # the caller's level is given back
+    finally:
+        absl.setLevel(level)
+        answer_metrics.rouge_scorer.cache_clear()
+
+
 def test_cli_rejects_too_many_samples_before_loading_a_model(tmp_path, monkeypatch, capsys):
     def refuse(*a, **k):
         raise AssertionError("a model was loaded")
