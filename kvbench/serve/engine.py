@@ -35,6 +35,7 @@ from kvbench.serve.scheduler import Scheduler
 class ServeOutput:
     requests: list[Request]
     wall_s: float = 0.0  # engine clock at the end (busy time + skipped idle gaps)
+    score_pass_s: float = 0.0  # a policy's scoring passes (KVzip's reconstruction), inside the steps' time
     busy_s: float = 0.0  # sum of step times
     steps: int = 0
     preemptions: int = 0
@@ -159,6 +160,7 @@ def serve(
                 out.decode_pages.append(used)
             out.timeline.append((clock, _blocks(used, bm.pages_per_block), running, len(sched.waiting)))
     out.wall_s = clock
+    out.score_pass_s = runner.passes.seconds if runner.passes is not None else 0.0
     out.preemptions, out.recomputed_tokens = sched.preemptions, sched.recomputed_tokens
     out.evicted_blocks = sum(r.evicted_blocks for r in requests)
     return out

@@ -9,9 +9,13 @@ whole prompt then, nothing evicted) and to its own keys and values, a transient 
 running max over passes, (L, 1, H_kv, N) in the request's logical slot order, is kept per request until its
 compression has used it (`ScoreContext.passed`, kvbench.serve.score_context), then dropped. Its memory (the
 pass's activations, its statistic) is outside the pool, like the query windows' and the forward's activations.
+Their time (`seconds`, the record's `score_pass_s`) is measured around each request's passes, the device
+synchronised once per request (a compression point), never per decode step.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -22,11 +26,16 @@ class Passes:
     def __init__(self, model, pool, policy, device):
         self.model, self.pool, self.policy, self.device = model, pool, policy, device
         self.passed: dict[int, torch.Tensor] = {}  # rid -> (L, 1, H, N), until the request's compression
+        self.seconds = 0.0  # the passes' time, all requests together
 
     def get(self, req) -> torch.Tensor:
         """The request's (L, 1, H, N) statistic, its passes run the first time it is asked for."""
         if req.rid not in self.passed:
+            t0 = time.perf_counter()
             self.passed[req.rid] = self.run(req)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.seconds += time.perf_counter() - t0
         return self.passed[req.rid]
 
     def run(self, req) -> torch.Tensor:

@@ -97,6 +97,7 @@ def execute(cfg: DictConfig, record: dict, lm, policy, task, samples, ids, memor
         output_tokens=lengths,
         throughput_tok_s=summary["output_tok_s"],
         wall_s=out.wall_s,
+        score_pass_s=out.score_pass_s,
         decode_s=None,
         prefill_s=None,
         generated_tokens=summary["output_tokens"],

@@ -108,6 +108,7 @@ def assert_preempted_serve_is_static(lm, policy, monkeypatch):
     out = serve(lm.model, reqs, policy, num_blocks=32, block_size=1, max_tokens_per_step=32)
     assert out.evicted_blocks > 0 and max(seen) >= 4  # preempted after 4 or more generated tokens
     assert [r.output for r in reqs] == want
+    assert (out.score_pass_s > 0) == policy.needs.passes  # the scoring passes' time, for the record's score_pass_s
 
 
 @pytest.mark.parametrize("policy", [H2O(kv_size=8, evict_every=1, schedule="decode_only"),
