@@ -66,3 +66,30 @@ def test_refusals_name_their_key(keys):
     with pytest.raises(ConfigError) as e:
         Critical(**keys)
     assert e.value.key == f"policy.{next(iter(keys))}"
+
+
+@pytest.mark.parametrize("inner", ["snapkv", "expected_attention"])
+def test_bfloat16_keeps_what_the_same_weights_keep_in_float64(inner):
+    """A bfloat16 model's kept sets against the same weights run in float64 (the score's products and norms taken
+    in float32 from bfloat16 values): nearly the same pairs in every (layer, head, sample), and finite scores."""
+    import copy
+
+    from kvbench.models import build_tiny
+
+    bf16 = build_tiny("tiny-llama", arch="llama", dtype="bfloat16", device="cpu")
+    f64 = copy.deepcopy(bf16.model).double()
+    policy = Critical(compression_ratio=0.5, inner=inner)
+    kept = {}
+    for name, model in (("bf16", bf16.model), ("f64", f64)):
+        seen = []
+
+        def observer(event, cache, seen=seen):
+            if event == "evict":
+                seen.append([set(p for p in h if p >= 0) for la in range(cache.num_layers)
+                             for b in range(len(PROMPTS)) for h in cache.kept_positions(la, b).tolist()])
+
+        generate(model, bf16.tokenizer, PROMPTS, policy, len(PROMPTS), max_new_tokens=2, eos_token_ids=[],
+                 observer=observer)
+        kept[name] = seen[0]
+    jaccard = [len(a & b) / len(a | b) for a, b in zip(kept["bf16"], kept["f64"], strict=True)]
+    assert sum(jaccard) / len(jaccard) > 0.9 and min(jaccard) > 0.6, (sum(jaccard) / len(jaccard), min(jaccard))
