@@ -210,8 +210,6 @@ def write_mirror(root: Path) -> Path:
     return root
 
 
-# policies defined only as one compression of the whole prompt (docs/policies.md says why for each)
-AFTER_PREFILL_ONLY = ("lagkv", "chunkkv", "critical")
 HEAD_PATTERN = ("duo_attention",)  # a fixed per-(layer, KV head) budget: no kv_size / kv_ratio (docs/policies.md)
 
 
@@ -227,9 +225,10 @@ def violations(c: Combo) -> list[tuple[str, ...]]:
         out.append(("policy.schedule",))  # Algorithm 2 is decoding-only
     if c.policy == "extreme_decode" and per_prompt:
         out.append((f"policy.{c.budget}",))  # it keeps one pair, whatever the prompt
-    if c.policy in AFTER_PREFILL_ONLY and c.schedule != "after_prefill":
-        out.append(("policy.schedule",))  # its rule reads the whole prompt at once
-    if c.policy in ("chunkkv", "critical") and c.head_budget == "adaptive":
+    cls = registry()[c.policy]  # what each policy declares it refuses, with its reason (docs/policies.md)
+    if cls.after_prefill_only and c.schedule != "after_prefill":
+        out.append(("policy.schedule",))  # its rule reads the whole prompt at once (LagKV, ChunkKV, CriticalKV)
+    if cls.uniform_heads_only and c.head_budget == "adaptive":
         out.append(("policy.head_budget",))  # ChunkKV: every KV head keeps the same chunks; CriticalAdaKV: another rule
     if c.policy == "pyramidkv" and c.rerotate:
         out.append(("policy.rerotate",))  # rotary positions are shared by layers of different budgets
@@ -242,7 +241,7 @@ def violations(c: Combo) -> list[tuple[str, ...]]:
             out.append(("policy.schedule",))
         if c.policy == "h2o" and per_prompt:
             out.append((f"policy.{c.budget}",))
-    if getattr(registry()[c.policy].needs, "passes", False):  # KVzip: the whole context reconstructed once, after prefill
+    if getattr(cls.needs, "passes", False):  # KVzip: the whole context reconstructed once, after prefill
         if c.schedule != "after_prefill":
             out.append(("policy.schedule",))
         if c.head_budget == "adaptive":

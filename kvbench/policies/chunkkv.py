@@ -39,8 +39,8 @@ class ChunkKV(Wrapper):
     gqa_note: ClassVar[str] = "GQA models: the inner score aggregates a KV group's query heads its own way"
     layer_budget: ClassVar[str] = "chunks"  # kvbench/budgets/chunk_layers.py
     not_inner: ClassVar[tuple[str, ...]] = ("chunkkv", "full", "extreme_decode")  # itself, no score, no after_prefill
-    why_once: ClassVar[str] = "keeps whole chunks of the whole prompt, chosen once"
-    why_uniform: ClassVar[str] = "keeps the same chunks in every KV head"
+    after_prefill_only: ClassVar[str | None] = "keeps whole chunks of the whole prompt, chosen once"
+    uniform_heads_only: ClassVar[str | None] = "keeps the same chunks in every KV head"
 
     def validate(self) -> None:
         if not is_int(self.chunk_length) or self.chunk_length < 1:

@@ -39,8 +39,9 @@ class Critical(Wrapper):
     published_schedule: ClassVar[str] = AFTER_PREFILL  # kvpress's CriticalKVPress: the prompt compressed once
     gqa_note: ClassVar[str] = "GQA models: the value's output norm is averaged over a KV group's query heads (as kvpress)"
     not_inner: ClassVar[tuple[str, ...]] = ("critical", "chunkkv", "full", "extreme_decode")  # wrappers, no score
-    why_once: ClassVar[str] = "takes its first stage as a share of the one compression's budget"
-    why_uniform: ClassVar[str] = "splits the budget evenly over KV heads (CriticalAdaKV's adaptive split is another rule)"
+    after_prefill_only: ClassVar[str | None] = "takes its first stage as a share of the one compression's budget"
+    uniform_heads_only: ClassVar[str | None] = ("splits the budget evenly over KV heads (CriticalAdaKV's adaptive "
+                                                "split is another rule)")
 
     def validate(self) -> None:
         if not 0 <= self.first_stage_ratio <= 1:

@@ -90,8 +90,8 @@ class Wraps:
 @dataclass
 class Wrapper(Wraps, Policy):
     """A policy over `inner`'s score, defined once on the whole prompt (kvpress's protocol), every KV head the same
-    budget. A subclass names what it cannot wrap (`not_inner`) and why it is once only (`why_once`) and uniform
-    over heads (`why_uniform`), for the refusals."""
+    budget. A subclass names what it cannot wrap (`not_inner`) and why it is once only (`after_prefill_only`) and
+    uniform over heads (`uniform_heads_only`), for the refusals."""
 
     kv_size: int | None = 256
     schedule: str = AFTER_PREFILL
@@ -99,16 +99,9 @@ class Wrapper(Wraps, Policy):
     inner_args: dict = field(default_factory=dict)  # the inner policy's own knobs (its defaults otherwise)
     abstract: ClassVar[bool] = True
     not_inner: ClassVar[tuple[str, ...]] = ()
-    why_once: ClassVar[str] = ""  # why only schedule=after_prefill
-    why_uniform: ClassVar[str] = ""  # why only head_budget=uniform
 
     def validate(self) -> None:
         self._inner = build_inner(self, self.not_inner, self.label)
-        if self.schedule != AFTER_PREFILL:
-            raise ConfigError("policy.schedule", f"{self.name} {self.why_once}: use policy.schedule=after_prefill",
-                              self.schedule)
-        if self.head_budget != "uniform":
-            raise ConfigError("policy.head_budget", f"{self.name} {self.why_uniform}", self.head_budget)
         super().validate()
 
     def inner_score_bytes(self, **shape: int) -> int:

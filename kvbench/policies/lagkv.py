@@ -37,6 +37,8 @@ class LagKV(Policy):
     lag_size: int = 128
     name: ClassVar[str] = "lagkv"
     label: ClassVar[str] = "LagKV"
+    after_prefill_only: ClassVar[str | None] = ("partitions its pairs by their indices in the whole prompt, which "
+                                                "evictions while running would break")
     summary: ClassVar[str] = ("pairs the next partition's channel ranges predict worst (rank in each partition of "
                               "`lag_size`), the sinks and the last partition kept")
     paper: ClassVar[tuple[str, str]] = ("Liang et al., 2025", "https://arxiv.org/abs/2504.04704")
@@ -48,9 +50,6 @@ class LagKV(Policy):
             raise ConfigError("policy.n_sink", "must be an integer >= 0", self.n_sink)
         if not is_int(self.lag_size) or self.lag_size < 1:
             raise ConfigError("policy.lag_size", "must be an integer >= 1", self.lag_size)
-        if self.schedule != AFTER_PREFILL:
-            raise ConfigError("policy.schedule", "lagkv's partitions are indices into the whole prompt, which "
-                              "evictions while running would break: use policy.schedule=after_prefill", self.schedule)
         super().validate()
 
     def score(self, stats: ScoreContext) -> torch.Tensor:

@@ -34,6 +34,7 @@ import torch
 
 from kvbench import budgets
 from kvbench.budgets import AFTER_PREFILL, SCHEDULES
+from kvbench.errors import ConfigError
 from kvbench.policies.needs import Needs
 
 __all__ = ["AFTER_PREFILL", "SCHEDULES", "Needs", "Policy", "ScoreContext"]
@@ -116,12 +117,22 @@ class Policy:
     # sweep they are reset to the policy's own defaults and named in the record's `ignored_keys` (kvbench.config)
     inert_keys: ClassVar[tuple[str, ...]] = ()
     layer_budget: ClassVar[str] = "uniform"  # the layer rule (kvbench.budgets.rule): "pyramid" for PyramidKV
+    # what it refuses, declared (the preflight refuses it in one line with the reason; the configuration matrix's
+    # oracle reads the declaration): why it is defined only as one compression of the whole prompt
+    # (schedule=after_prefill), and why every KV head of a layer keeps the same budget (head_budget=uniform)
+    after_prefill_only: ClassVar[str | None] = None
+    uniform_heads_only: ClassVar[str | None] = None
 
     def __post_init__(self):
         self.validate()
 
     def validate(self) -> None:
         """Check (and normalise) the knobs: ConfigError naming the key (kvbench.budgets.validate)."""
+        if self.after_prefill_only and self.schedule != AFTER_PREFILL:
+            raise ConfigError("policy.schedule", f"{self.name} {self.after_prefill_only}: use "
+                              "policy.schedule=after_prefill", self.schedule)
+        if self.uniform_heads_only and self.head_budget != "uniform":
+            raise ConfigError("policy.head_budget", f"{self.name} {self.uniform_heads_only}", self.head_budget)
         budgets.validate(self)
 
     # ----------------------------------------------------------------- phase flags
