@@ -848,6 +848,23 @@ def test_benchmarks_md_before_after():
            f"`model.generate` measured {before['b8']['generate_tok_s']:.2f} and {after['b8']['generate_tok_s']:.2f}")
 
 
+def test_benchmarks_md_eviction_before_after():
+    before, after = lines("results/bench_eviction_before_after.jsonl")
+    assert before["provenance"]["commit"].startswith("14415f2") and not after["provenance"]["dirty"]
+
+    def cost(r):
+        return r["batch_max_scoring_s"] + r["batch_max_evict_s"]
+
+    states("docs/benchmarks.md",
+           f"and `{after['provenance']['commit'][:7]}`, each in",
+           f"load average {before['provenance']['load_avg_1m_before']:.1f} before and "
+           f"{after['provenance']['load_avg_1m_after']:.1f} after): Batch-Max's attention statistics",
+           f"took {before['overhead_share']:.1%} of its\ndecode time before and {after['overhead_share']:.1%} after "
+           f"({cost(before):.2f} s and {cost(after):.2f} s)",
+           f"decoded {before['batch_max_decode_tok_s']:.2f} tokens/s before and\n{after['batch_max_decode_tok_s']:.2f} "
+           f"after, {before['speedup']:.2f}x and {after['speedup']:.2f}x the full cache")
+
+
 def test_benchmarks_md_sdpa_line():
     e = eviction_line("sdpa")
     p = e["provenance"]
