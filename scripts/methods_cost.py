@@ -1,0 +1,166 @@
+"""What each eviction method really frees and costs, at compression ratio 0.5 against the full cache on the same
+prompts: every registered policy under `experiment=methods_cost_cnndm` (SmolLM2-135M, 8 CNN/DM articles of at
+most 1024 tokens at batch 4, 32 new tokens, the prompt compressed once after prefill).
+
+    python scripts/methods_cost.py [--out results/methods_cost] [--data-dir ../shared/data] [--only snapkv,kvzip]
+
+1. Runs each policy, one after the other in this one process (skip_existing: a rerun resumes where a crash
+   stopped it) -> OUT/runs.jsonl: the KV held during decode (mean and peak over decode steps, measured
+   from the cache's tensors), the peak KV and peak memory, prefill time with the scoring passes inside it,
+   decode time, ROUGE-2 with its interval.
+2. Plans each policy's largest batch at the experiment's accounted limit (2 GiB; kvbench-plan's account, no
+   weights, SDPA) -> one JSON line with its provenance appended to OUT/plan.jsonl.
+3. Writes OUT/table.md (`render`, which tests/project/test_docs_figures.py recomputes from the two files).
+
+Not every policy runs as published here: extreme_decode (Algorithm 2 keeps 2 pairs while decoding: no ratio) is
+left out; KVzap has no published scorer for this model, so a random one runs (`policy.scorer=tiny`: an MLP 8 wide,
+where the published ones are 512 wide, so its cost is a little below theirs, and its choices mean nothing); DuoAttention's head pattern is calibrated on 16 CNN/DM
+validation articles (none is published for this model). On 2 shared cores the times measure contention too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+EXPERIMENT = "methods_cost_cnndm"
+SKIP = {"extreme_decode": "keeps 2 pairs while decoding (Algorithm 2): no compression ratio"}
+CANDIDATES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128]
+MIB = 2**20
+
+
+def extra(name: str, data_dir: str) -> list[str]:
+    """The overrides a policy needs beyond the experiment's."""
+    if name == "full":
+        return ["policy.compression_ratio=null"]
+    if name == "kvzap":
+        return ["policy.scorer=tiny"]
+    if name == "duo_attention":
+        return [f"policy.calibration={calibration(data_dir)}", "policy.num_samples=16"]
+    return []
+
+
+def calibration(data_dir: str) -> str:
+    """DuoAttention's calibration texts: the first 16 CNN/DM validation articles, written to a temporary file."""
+    path = Path(tempfile.gettempdir()) / "kvbench-methods-cost-calibration.json"
+    if not path.exists():
+        with gzip.open(Path(data_dir) / "cnn_dailymail" / "validation.jsonl.gz", "rt") as f:
+            texts = [json.loads(line)["article"] for _, line in zip(range(16), f, strict=False)]
+        path.write_text(json.dumps(texts))
+    return str(path)
+
+
+def policies(only: str | None) -> list[str]:
+    from kvbench.policies import registry
+
+    names = [n for n in registry() if n not in SKIP]
+    return [n for n in names if only is None or n in only.split(",") or n == "full"]
+
+
+def run_all(names: list[str], out: str, data_dir: str) -> None:
+    """Every policy in this one process, one after the other (their times compare only within one process)."""
+    from hydra import compose, initialize_config_dir
+
+    from kvbench import run as kvrun
+    from kvbench.config import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="methods_cost"):
+        for name in names:
+            overrides = [f"experiment={EXPERIMENT}", f"policy={name}", *extra(name, data_dir), f"data.dir={data_dir}",
+                         f"results_dir={out}", "skip_existing=true"]
+            print("kvbench " + " ".join(overrides), flush=True)
+            try:
+                rec = kvrun.run(compose("config", overrides=overrides))
+            except Exception as e:  # noqa: BLE001 - a failed run leaves its error record; the others go on
+                print(f"  {type(e).__name__}: {e}", flush=True)
+                continue
+            print(f"  {rec['status']}: prefill {rec['prefill_s']} s, decode {rec['decode_s']} s", flush=True)
+
+
+def plan_all(names: list[str], out: str, data_dir: str) -> None:
+    from hydra import compose, initialize_config_dir
+    from provenance import Provenance
+
+    from kvbench import capacity
+    from kvbench.config import CONF_DIR
+
+    prov, rows = Provenance(), {}
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="methods_cost"):
+        for name in names:
+            cfg = compose("config", overrides=[
+                f"experiment={EXPERIMENT}", f"policy={name}", *extra(name, data_dir), f"data.dir={data_dir}",
+                f"results_dir={out}/plans", "plan.backends=[sdpa]", f"search.candidates=[{','.join(map(str, CANDIDATES))}]"])
+            try:
+                plan = capacity.plan(cfg)["plan"]
+            except Exception as e:  # noqa: BLE001 - the table says why a policy has no plan
+                rows[name] = {"error": f"{type(e).__name__}: {e}"}
+                continue
+            row = plan["rows"][-1] if name != "full" else next(r for r in plan["rows"] if r["method"] == "FKV")
+            rows[name] = {k: row[k] for k in ("max_batch_size", "first_oom_batch_size", "peak_bytes")}
+    prov.emit({"bench": "methods_cost_plan", "experiment": EXPERIMENT, "limit_gb": cfg.memory.limit_gb,
+               "attention": "sdpa", "candidates": CANDIDATES, "rows": rows}, str(Path(out) / "plan.jsonl"))
+
+
+def _x(v, full) -> str:
+    return "-" if v is None or not full else f"{v / full:.2f}"
+
+
+def render(records: list[dict], plan: dict) -> str:
+    """The table: one row per policy (the newest ok record of each), the full cache first."""
+    by = {r["policy"]: r for r in records if r.get("status") == "ok" and r.get("mode") == "run"}
+    full = by.get("full")
+    if full is None:
+        raise ValueError("no full-cache record: nothing to compare against")
+    head = ("| policy | ROUGE-2 [95% CI] | decode KV mean MiB (x full) | decode KV peak (x full) | peak KV (x full) "
+            "| peak memory (x full) | prefill s (scoring passes) | decode tok/s | largest batch / first OOM |")
+    lines = [head, "|" + "---|" * 9]
+    for name in ["full", *sorted(n for n in by if n != "full")]:
+        r, p = by[name], plan["rows"].get(name, {})
+        m = r["metrics"]
+        ci = m.get("rouge2_ci") or [None, None]
+        decode = r["generated_tokens"] / r["decode_s"] if r.get("decode_s") else None
+        batch = "-" if "max_batch_size" not in p else f"{p['max_batch_size'] or '-'} / {p['first_oom_batch_size'] or '-'}"
+        lines.append("| " + " | ".join([
+            f"`{name}`",
+            f"{m['rouge2']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]",
+            f"{r['decode_kv_bytes_mean'] / MIB:.1f} ({_x(r['decode_kv_bytes_mean'], full['decode_kv_bytes_mean'])})",
+            _x(r["decode_kv_bytes_peak"], full["decode_kv_bytes_peak"]),
+            _x(r["peak_kv_bytes"], full["peak_kv_bytes"]),
+            _x(r["peak_mem_bytes"], full["peak_mem_bytes"]),
+            f"{r['prefill_s']:.1f}" + (f" ({r['score_pass_s']:.1f})" if r.get("score_pass_s") else ""),
+            "-" if decode is None else f"{decode:.1f}",
+            batch,
+        ]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=str(ROOT / "results" / "methods_cost"))
+    p.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
+    p.add_argument("--only", default=None, help="comma-separated policies (the full cache always runs)")
+    p.add_argument("--table-only", action="store_true", help="render OUT/table.md from what is there")
+    args = p.parse_args()
+    names = policies(args.only)
+    if not args.table_only:
+        run_all(names, args.out, args.data_dir)
+        plan_all(names, args.out, args.data_dir)
+    from kvbench.report import latest
+    from kvbench.results import read_records
+
+    plan = json.loads(Path(args.out, "plan.jsonl").read_text().splitlines()[-1])
+    table = render(latest(read_records(args.out)), plan)
+    Path(args.out, "table.md").write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
