@@ -15,7 +15,8 @@ most 1024 tokens at batch 4, 32 new tokens, the prompt compressed once after pre
 Not every policy runs as published here: extreme_decode (Algorithm 2 keeps 2 pairs while decoding: no ratio) is
 left out; KVzap has no published scorer for this model, so a random one runs (`policy.scorer=tiny`: an MLP 8 wide,
 where the published ones are 512 wide, so its cost is a little below theirs, and its choices mean nothing); DuoAttention's head pattern is calibrated on 16 CNN/DM
-validation articles (none is published for this model). On 2 shared cores the times measure contention too.
+validation articles (none is published for this model). One thread (`--threads`): on 2 cores shared with other
+jobs, two threads wait on each other at every small decode op; the times still measure contention too.
 """
 
 from __future__ import annotations
@@ -148,7 +149,11 @@ def main() -> None:
     p.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
     p.add_argument("--only", default=None, help="comma-separated policies (the full cache always runs)")
     p.add_argument("--table-only", action="store_true", help="render OUT/table.md from what is there")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: steady on a shared machine)")
     args = p.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
     names = policies(args.only)
     if not args.table_only:
         run_all(names, args.out, args.data_dir)
