@@ -9,7 +9,7 @@ most 1024 tokens at batch 4, 32 new tokens, the prompt compressed once after pre
    from the cache's tensors), the peak KV and peak memory, prefill time with the scoring passes inside it,
    decode time, ROUGE-2 with its interval.
 2. Plans each policy's largest batch at the experiment's accounted limit (2 GiB; kvbench-plan's account, no
-   weights, SDPA) -> one JSON line with its provenance appended to OUT/plan.jsonl.
+   weights, SDPA, over the first 128 articles' prompts: the search's batches are capped at the prompts it has) -> one JSON line with its provenance appended to OUT/plan.jsonl.
 3. Writes OUT/table.md (`render`, which tests/project/test_docs_figures.py recomputes from the two files).
 
 Not every policy runs as published here: extreme_decode (Algorithm 2 keeps 2 pairs while decoding: no ratio) is
@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 EXPERIMENT = "methods_cost_cnndm"
 SKIP = {"extreme_decode": "keeps 2 pairs while decoding (Algorithm 2): no compression ratio"}
 CANDIDATES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128]
+PLAN_PROMPTS = 128  # the plan's prompts: the first 128 articles (the search's batches are capped at the samples)
 MIB = 2**20
 
 
@@ -98,7 +99,7 @@ def plan_all(names: list[str], out: str, data_dir: str) -> None:
         for name in names:
             cfg = compose("config", overrides=[
                 f"experiment={EXPERIMENT}", f"policy={name}", *extra(name, data_dir), f"data.dir={data_dir}",
-                f"results_dir={out}/plans", "plan.backends=[sdpa]", f"search.candidates=[{','.join(map(str, CANDIDATES))}]"])
+                f"results_dir={out}/plans", "plan.backends=[sdpa]", f"task.n_samples={PLAN_PROMPTS}", f"search.candidates=[{','.join(map(str, CANDIDATES))}]"])
             try:
                 plan = capacity.plan(cfg)["plan"]
             except Exception as e:  # noqa: BLE001 - the table says why a policy has no plan
@@ -149,14 +150,16 @@ def main() -> None:
     p.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
     p.add_argument("--only", default=None, help="comma-separated policies (the full cache always runs)")
     p.add_argument("--table-only", action="store_true", help="render OUT/table.md from what is there")
+    p.add_argument("--plan-only", action="store_true", help="plan again, then render (the runs are kept)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: steady on a shared machine)")
     args = p.parse_args()
     import torch
 
     torch.set_num_threads(args.threads)
     names = policies(args.only)
-    if not args.table_only:
+    if not (args.table_only or args.plan_only):
         run_all(names, args.out, args.data_dir)
+    if not args.table_only:
         plan_all(names, args.out, args.data_dir)
     from kvbench.report import latest
     from kvbench.results import read_records
