@@ -9,8 +9,10 @@ most 1024 tokens at batch 4, 32 new tokens, the prompt compressed once after pre
    from the cache's tensors), the peak KV and peak memory, prefill time with the scoring passes inside it,
    decode time, ROUGE-2 with its interval.
 2. Plans each policy's largest batch at the experiment's accounted limit (2 GiB; kvbench-plan's account, no
-   weights, SDPA, over the first 128 articles' prompts: the search's batches are capped at the prompts it has) -> one JSON line with its provenance appended to OUT/plan.jsonl.
-3. Writes OUT/table.md (`render`, which tests/project/test_docs_figures.py recomputes from the two files).
+   weights, SDPA, over the first 128 articles' prompts: the search's batches are capped at the prompts it has),
+   after prefill as it ran, and evicting during prefill (schedule=prefill_and_decode, where the policy defines
+   it) -> one JSON line with its provenance appended to OUT/plan.jsonl.
+3. Writes OUT/table.md (`render`, which tests/project/test_methods_figures.py recomputes from the two files).
 
 Not every policy runs as published here: extreme_decode (Algorithm 2 keeps 2 pairs while decoding: no ratio) is
 left out; KVzap has no published scorer for this model, so a random one runs (`policy.scorer=tiny`: an MLP 8 wide,
@@ -35,6 +37,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 EXPERIMENT = "methods_cost_cnndm"
 SKIP = {"extreme_decode": "keeps 2 pairs while decoding (Algorithm 2): no compression ratio"}
 CANDIDATES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128]
+SCHEDULES = ("after_prefill", "prefill_and_decode")  # planned: kvpress's protocol, and Batch-Max's (evicting in prefill)
+LIMIT_GB = 2.0  # the experiment's memory.limit_gb
 PLAN_PROMPTS = 128  # the plan's prompts: the first 128 articles (the search's batches are capped at the samples)
 MIB = 2**20
 
@@ -97,22 +101,36 @@ def plan_all(names: list[str], out: str, data_dir: str) -> None:
     prov, rows = Provenance(), {}
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="methods_cost"):
         for name in names:
-            cfg = compose("config", overrides=[
-                f"experiment={EXPERIMENT}", f"policy={name}", *extra(name, data_dir), f"data.dir={data_dir}",
-                f"results_dir={out}/plans", "plan.backends=[sdpa]", f"task.n_samples={PLAN_PROMPTS}", f"search.candidates=[{','.join(map(str, CANDIDATES))}]"])
-            try:
-                plan = capacity.plan(cfg)["plan"]
-            except Exception as e:  # noqa: BLE001 - the table says why a policy has no plan
-                rows[name] = {"error": f"{type(e).__name__}: {e}"}
-                continue
-            row = plan["rows"][-1] if name != "full" else next(r for r in plan["rows"] if r["method"] == "FKV")
-            rows[name] = {k: row[k] for k in ("max_batch_size", "first_oom_batch_size", "peak_bytes")}
-    prov.emit({"bench": "methods_cost_plan", "experiment": EXPERIMENT, "limit_gb": cfg.memory.limit_gb,
-               "attention": "sdpa", "candidates": CANDIDATES, "rows": rows}, str(Path(out) / "plan.jsonl"))
+            rows[name] = {}
+            for schedule in SCHEDULES:
+                rows[name][schedule] = plan_one(compose, capacity, [
+                    f"experiment={EXPERIMENT}", f"policy={name}", *extra(name, data_dir), f"data.dir={data_dir}",
+                    f"policy.schedule={schedule}", f"results_dir={out}/plans", "plan.backends=[sdpa]",
+                    f"task.n_samples={PLAN_PROMPTS}", f"search.candidates=[{','.join(map(str, CANDIDATES))}]"], name)
+    prov.emit({"bench": "methods_cost_plan", "experiment": EXPERIMENT, "limit_gb": LIMIT_GB, "attention": "sdpa",
+               "candidates": CANDIDATES, "prompts": PLAN_PROMPTS, "rows": rows}, str(Path(out) / "plan.jsonl"))
+
+
+def plan_one(compose, capacity, overrides: list[str], name: str) -> dict:
+    """The policy's largest batch and first OOM under `overrides`, or the one line refusing them."""
+    from kvbench.errors import ConfigError
+
+    try:
+        plan = capacity.plan(compose("config", overrides=overrides))["plan"]
+    except ConfigError as e:
+        return {"refused": str(e)}
+    row = plan["rows"][-1] if name != "full" else next(r for r in plan["rows"] if r["method"] == "FKV")
+    return {k: row[k] for k in ("max_batch_size", "first_oom_batch_size", "peak_bytes")}
 
 
 def _x(v, full) -> str:
     return "-" if v is None or not full else f"{v / full:.2f}"
+
+
+def _batch(p: dict) -> str:
+    if "refused" in p:
+        return "refused"
+    return "-" if "max_batch_size" not in p else f"{p['max_batch_size'] or '-'} / {p['first_oom_batch_size'] or '-'}"
 
 
 def render(records: list[dict], plan: dict) -> str:
@@ -122,14 +140,14 @@ def render(records: list[dict], plan: dict) -> str:
     if full is None:
         raise ValueError("no full-cache record: nothing to compare against")
     head = ("| policy | ROUGE-2 [95% CI] | decode KV mean MiB (x full) | decode KV peak (x full) | peak KV (x full) "
-            "| peak memory (x full) | prefill s (scoring passes) | decode tok/s | largest batch / first OOM |")
-    lines = [head, "|" + "---|" * 9]
+            "| peak memory (x full) | prefill s (scoring passes) | decode tok/s | largest batch / first OOM | the same, "
+            "evicting during prefill |")
+    lines = [head, "|" + "---|" * 10]
     for name in ["full", *sorted(n for n in by if n != "full")]:
         r, p = by[name], plan["rows"].get(name, {})
         m = r["metrics"]
         ci = m.get("rouge2_ci") or [None, None]
         decode = r["generated_tokens"] / r["decode_s"] if r.get("decode_s") else None
-        batch = "-" if "max_batch_size" not in p else f"{p['max_batch_size'] or '-'} / {p['first_oom_batch_size'] or '-'}"
         lines.append("| " + " | ".join([
             f"`{name}`",
             f"{m['rouge2']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]",
@@ -139,7 +157,8 @@ def render(records: list[dict], plan: dict) -> str:
             _x(r["peak_mem_bytes"], full["peak_mem_bytes"]),
             f"{r['prefill_s']:.1f}" + (f" ({r['score_pass_s']:.1f})" if r.get("score_pass_s") else ""),
             "-" if decode is None else f"{decode:.1f}",
-            batch,
+            _batch(p.get("after_prefill", {})),
+            _batch(p.get("prefill_and_decode", {}) if name != "full" else p.get("after_prefill", {})),
         ]) + " |")
     return "\n".join(lines) + "\n"
 

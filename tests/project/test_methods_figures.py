@@ -1,0 +1,88 @@
+"""docs/methods.md and results/methods_cost: the committed table is its records and plan rendered by
+scripts/methods_cost.py, and every figure the page reads out of it is recomputed here."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvbench.report import latest
+from kvbench.results import read_records
+from tests.project.test_docs_figures import states
+
+ROOT = Path(__file__).resolve().parents[2]
+FOLDER = ROOT / "results" / "methods_cost"
+MIB = 2**20
+
+
+@pytest.fixture(scope="module")
+def data():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        spec = importlib.util.spec_from_file_location("methods_cost", ROOT / "scripts" / "methods_cost.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    records = latest(read_records(FOLDER))
+    plan = json.loads((FOLDER / "plan.jsonl").read_text().splitlines()[-1])
+    return module, {r["policy"]: r for r in records}, plan
+
+
+def test_table_is_its_records_and_plan(data):
+    module, by, plan = data
+    assert module.render(list(by.values()), plan) == (FOLDER / "table.md").read_text()
+    assert set(by) == set(plan["rows"]) and "extreme_decode" not in by and len(by) >= 20
+
+
+def test_methods_md_states_what_the_records_give(data):
+    _, by, plan = data
+    full = by["full"]
+
+    def x(name, field):
+        return by[name][field] / full[field]
+
+    halved = ("batch_max", "h2o", "tova", "keydiff")
+    window = ("snapkv", "pyramidkv", "expected_attention", "critical", "chunkkv")
+    assert {round(x(n, "decode_kv_bytes_mean"), 2) for n in halved} == {0.52}
+    assert {round(x(n, "decode_kv_bytes_mean"), 2) for n in window} == {0.60, 0.61}
+    assert all(round(x(n, "decode_kv_bytes_mean"), 2) == 1.0 for n in ("kvzip", "kvzip_plus", "duo_attention"))
+    others = [n for n in by if n not in ("full", "kvzip", "kvzip_plus", "pyramidkv")]
+    peak_kv = sorted(round(x(n, "peak_kv_bytes"), 2) for n in others)
+    peak_mem = sorted(round(x(n, "peak_mem_bytes"), 2) for n in others)
+    half = sorted(by[n]["decode_kv_bytes_mean"] / MIB for n in by if round(x(n, "decode_kv_bytes_mean"), 2) == 0.52)
+
+    def batch(name, schedule):
+        return plan["rows"][name][schedule]["max_batch_size"]
+
+    def passes(name):
+        r = by[name]
+        return r["score_pass_s"] / (r["prefill_s"] - r["score_pass_s"])
+
+    states("docs/methods.md",
+           f"holds {full['decode_kv_bytes_mean'] / MIB:.1f} MiB on average",
+           f"most others {half[0]:.1f} to {half[-1]:.1f} MiB",
+           f"the peak KV is {peak_kv[0]:.2f} to {peak_kv[-1]:.2f} of the full cache's and the peak memory "
+           f"{peak_mem[0]:.2f} to {peak_mem[-1]:.2f}",
+           f"raise the peak memory to {x('kvzip', 'peak_mem_bytes'):.2f}x the full cache's (KVzip+: "
+           f"{x('kvzip_plus', 'peak_mem_bytes'):.2f}x); PyramidKV's per-layer groups to {x('pyramidkv', 'peak_mem_bytes'):.2f}x",
+           f"at {plan['limit_gb']:g} GiB, the largest batch after prefill is the full cache's "
+           f"{batch('full', 'after_prefill')} for almost every method, {batch('pyramidkv', 'after_prefill')} for "
+           f"PyramidKV and {batch('kvzip', 'after_prefill')} for KVzip and KVzip+",
+           f"{batch('batch_max', 'prefill_and_decode')} for Batch-Max, H2O, TOVA and StreamingLLM, "
+           f"{batch('snapkv', 'prefill_and_decode')} for SnapKV, PyramidKV, ExpectedAttention, KeyDiff, Knorm and VATP, "
+           f"{batch('duo_attention', 'prefill_and_decode')} for DuoAttention",
+           f"took {by['kvzip']['score_pass_s']:.1f} s of a {by['kvzip']['prefill_s']:.1f} s prefill: "
+           f"{passes('kvzip'):.1f}x the rest of its prefill in the same run (KVzip+: {passes('kvzip_plus'):.1f}x)")
+    assert all(batch(n, "after_prefill") == batch("full", "after_prefill")
+               for n in others if n not in ("kvzip", "kvzip_plus"))
+    assert all(batch(n, "prefill_and_decode") == batch("batch_max", "prefill_and_decode")
+               for n in ("h2o", "tova", "streaming_llm"))
+    assert all(batch(n, "prefill_and_decode") == batch("snapkv", "prefill_and_decode")
+               for n in ("pyramidkv", "expected_attention", "keydiff", "knorm", "vatp"))
+    assert all("refused" in plan["rows"][n]["prefill_and_decode"]
+               for n in ("kvzip", "kvzip_plus", "lagkv", "chunkkv", "critical"))
