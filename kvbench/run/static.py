@@ -83,6 +83,7 @@ def execute(
         peak_kv_bytes=out.peak_kv_bytes,
         decode_kv_bytes_mean=out.decode_kv_bytes_mean,
         decode_kv_bytes_peak=out.decode_kv_bytes_peak if out.decode_steps else None,
+        kv_kept_share=out.kv_kept_share,
         kv_budget=None if out.budget_min is None else {
             "by": policy.per_prompt or "kv_size",
             "min": out.budget_min, "max": out.budget_max, "per_layer": out.budget_per_layer},

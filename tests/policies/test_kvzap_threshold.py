@@ -152,3 +152,25 @@ def test_scores_recomputed_at_each_eviction_are_refused():
 def test_the_threshold_replaces_the_budget():
     p = KVzap(head_budget="threshold", threshold=-5.0)
     assert p.kv_size is None and p.evicts and p.describe()["extensions"][0].startswith("head_budget=threshold")
+
+
+def test_the_record_carries_the_share_really_kept(tiny_llama):
+    """kv_kept_share: 1 when nothing scores below the threshold, else each head's own count over what the tokens
+    brought (the kept positions counted independently, holes left out)."""
+    counted = []
+
+    def observer(event, cache):
+        if event != "evict":
+            counted[:] = [sum(len([p for p in h if p >= 0]) for la in range(cache.num_layers)
+                              for h in cache.kept_positions(la, b).tolist()) for b in range(len(PROMPTS))]
+
+    shares = []
+    for t in (-INF, THRESHOLD):
+        policy = KVzap(head_budget="threshold", threshold=t, sliding_window=WINDOW, schedule="after_prefill")
+        out = generate(tiny_llama.model, tiny_llama.tokenizer, PROMPTS, policy, len(PROMPTS), max_new_tokens=NEW,
+                       eos_token_ids=[], observer=observer)
+        cfg = tiny_llama.model.config
+        brought = sum(len(p) + NEW - 1 for p in PROMPTS) * cfg.num_hidden_layers * cfg.num_key_value_heads
+        assert out.kv_kept_share == round(sum(counted) / brought, 4)
+        shares.append(out.kv_kept_share)
+    assert shares[0] == 1.0 and shares[1] < 0.9
