@@ -174,3 +174,36 @@ def test_the_record_carries_the_share_really_kept(tiny_llama):
         assert out.kv_kept_share == round(sum(counted) / brought, 4)
         shares.append(out.kv_kept_share)
     assert shares[0] == 1.0 and shares[1] < 0.9
+
+
+def test_serve_keeps_the_static_engines_tokens(tiny_llama, monkeypatch):
+    """Serve mode (after_prefill): each (layer, KV head) of a request keeps the threshold's count, its own pages
+    (1-slot blocks, requests preempted mid-generation): the static engine's tokens."""
+    from tests.serve.test_engine import assert_preempted_serve_is_static
+
+    policy = KVzap(head_budget="threshold", threshold=THRESHOLD, sliding_window=4, schedule="after_prefill")
+    assert_preempted_serve_is_static(tiny_llama, policy, monkeypatch)
+
+
+@pytest.mark.parametrize("schedule", ["after_prefill", "decode_only"])
+def test_query_agnostic_context_is_thresholded_before_its_question(tiny_llama, schedule):
+    """task.query_aware=false: the context is decided before the question (its newest window kept), whatever the
+    question's length (no budget to make room in), the same pairs as the context alone at its first eviction."""
+    contexts, question = PROMPTS[:3], [5, 20, 12]  # contexts of 70, 24, 45 tokens; questions from them
+    kept = {}
+    for with_question in (False, True):
+        got = []
+
+        def observer(event, cache, got=got):
+            if event == "evict":
+                got.append([[[[p for p in h if p >= 0] for h in cache.kept_positions(la, b).tolist()]
+                              for la in range(cache.num_layers)] for b in range(len(contexts))])
+
+        prompts = [c + c[:q] for c, q in zip(contexts, question, strict=True)] if with_question else contexts
+        policy = KVzap(head_budget="threshold", threshold=THRESHOLD, sliding_window=WINDOW, evict_every=EVERY,
+                       schedule=schedule)
+        generate(tiny_llama.model, tiny_llama.tokenizer, prompts, policy, len(prompts), max_new_tokens=4,
+                 eos_token_ids=[], observer=observer, question_tokens=question if with_question else None)
+        kept[with_question] = got[0]
+    assert kept[True] == kept[False]
+    assert sum(len(h) for row in kept[True] for layer in row for h in layer) < sum(map(len, contexts)) * 2 * 2
