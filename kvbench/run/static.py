@@ -89,6 +89,9 @@ def execute(
             "min": out.budget_min, "max": out.budget_max, "per_layer": out.budget_per_layer},
         **memory_fields(lm, out.accounted),
     )
+    if out.accounted is not None and out.accounted.upper_bound:
+        record["notes"].append("accounted_mem_bytes is an upper bound (head_budget=threshold: the pairs kept depend on "
+                               "the data, kv_kept_share says how many; the cache held at most that)")
     longest = max(map(len, ids)) + cfg.gen.max_new_tokens
     if out.budget_min is not None and out.budget_min >= longest:  # the cache is sized by the sequences
         record["notes"].append(f"the budget ({out.budget_min} pairs or more) holds every sequence whole (at most "

@@ -54,7 +54,9 @@ def test_account_charges_the_cache_measured_at_every_forward(name, knobs, agains
     assert head_rule(policy).data_dependent == (against != "equal")  # the rule declares what the account can know
     policy.prepare(tiny_llama.tokenizer)  # as kvbench.engine.generate does
     model = tiny_llama.model
-    acc = memory.account(model, list(LENGTHS), policy, max_new_tokens=6).devices["cpu"]
+    account = memory.account(model, list(LENGTHS), policy, max_new_tokens=6)
+    assert account.upper_bound == (against != "equal") and ("upper bound" in account.describe("cpu")) == account.upper_bound
+    acc = account.devices["cpu"]
     before = {id(c) for c in KVCache.live()}
     seen, in_pass, during_passes = [], [False], []
 
