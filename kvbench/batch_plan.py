@@ -105,6 +105,7 @@ class BatchPlan:
         self.load = torch.zeros(G, B, dtype=torch.long, device="cpu")  # (G, B) pairs per head on average
         self.most = torch.zeros(G, B, dtype=torch.long, device="cpu")  # (G, B) the most one head holds (bound)
         self.caps = [r.capacity for r in self.rooms]
+        self.fitted: set[int] = set()  # groups a data-dependent rule's first decode-time eviction shrank
         agnostic = self.question is not None
         last = len(self.chunks) - 1
         for k, r in enumerate(self.chunks):
@@ -156,7 +157,8 @@ class BatchPlan:
             if not prefill:  # the prompt is compressed: give its memory back
                 need = knobs.decode_capacity(p, int(self.budget[gi].max()), self.max_new_tokens, self.heads)
                 out += self._resize(gi, need)
-                if first and head_rule(p).data_dependent:  # the counts are the data's: shrink to what was kept
+                if head_rule(p).data_dependent and gi not in self.fitted:  # the counts are the data's: once, shrink
+                    self.fitted.add(gi)  # to what was kept (the tokens to come fit beside it)
                     out.append(Action(RESIZE, gi, capacity=self.caps[gi], fit=self.max_new_tokens))
         return out
 

@@ -91,8 +91,8 @@ class ThresholdHeads(HeadRule):
     def extensions(self, policy) -> list[str]:
         ext = [f"head_budget=threshold: DMS's rule (kvpress's DMSPress): a pair older than the newest "
                f"{policy.sliding_window} is evicted when its score < {policy.threshold:g}; per-head counts depend on "
-               "the data (kv_kept_share records what was kept); the cache and the memory account hold the bound "
-               "(nothing evicted) until a compressed prompt's cache shrinks to what its largest head kept"]
+               "the data (kv_kept_share records what was kept); the memory account charges the bound (nothing "
+               "evicted), the static cache shrinks to what its largest head kept at its first decision while decoding"]
         if not policy.once:
             ext.append(f"pairs are decided every evict_every={policy.evict_every} tokens once they left the window "
                        "(DMS decoding=True decides each one as it leaves: the same pairs at evict_every=1)")

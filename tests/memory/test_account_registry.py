@@ -36,6 +36,7 @@ LENGTHS = (90, 70, 40)
 # what the cache measured is against the account: "equal", "below" it at some forward, or the bound "reached")
 CASES = [(name, {}, "equal") for name in sorted(registry())] + [
     ("kvzap", dict(head_budget="threshold", threshold=0.0, sliding_window=8), "below"),
+    ("kvzap", dict(head_budget="threshold", threshold=0.0, sliding_window=8, schedule="prefill_and_decode"), "below"),
     ("kvzap", dict(head_budget="threshold", threshold=-math.inf, sliding_window=8), "reached")]
 
 

@@ -207,3 +207,10 @@ def test_query_agnostic_context_is_thresholded_before_its_question(tiny_llama, s
         kept[with_question] = got[0]
     assert kept[True] == kept[False]
     assert sum(len(h) for row in kept[True] for layer in row for h in layer) < sum(map(len, contexts)) * 2 * 2
+
+
+def test_the_report_names_the_threshold_in_the_kv_cell():
+    from kvbench.report.rows import budget_of
+
+    assert budget_of({"kv_size": None, "config": {"policy": {"threshold": -5.0}}}) == "threshold=-5"
+    assert budget_of({"kv_size": 256, "config": {"policy": {"threshold": None}}}) is None
