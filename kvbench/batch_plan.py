@@ -11,8 +11,8 @@ the plan tracks `load` (B,), the pairs a row holds per head on average (what the
 `most` (B,), the most pairs one head holds: the same but under a head rule that chooses the counts at runtime
 (AdaKV), where it is the rule's bound (`knobs.head_slots` of what the eviction keeps), which the cache's slots and
 the account's widths use. Under a rule whose counts depend on the scores' values (`data_dependent`: DMS's
-threshold) the compressed prompt's resize is a `fit` (to what the rows really hold, at most the bound): the account
-charges the bound, the cache holds at most that. The rules themselves: `kvbench.schedule.rows_to_evict` (which rows evict before a
+threshold) the first eviction while decoding is followed by a `fit` resize (to what the rows really hold + the tokens
+to come, at most the bound): the account charges the bound, the cache holds at most that. The rules themselves: `kvbench.schedule.rows_to_evict` (which rows evict before a
 forward), `kvbench.budgets.knobs` (what they keep, the slots a compressed prompt needs),
 `kvbench.budgets.question` (query-agnostic runs: the context compressed before its question).
 """
