@@ -105,19 +105,6 @@ class KVCache(Cache):
 
     nbytes_for = staticmethod(nbytes_for)  # what `allocated_bytes()` reports for such a cache, before building it
 
-    def kept_pairs(self) -> tuple[int, int]:
-        """(pairs the full-attention groups hold now, pairs their tokens brought), summed over layers, KV heads and
-        samples: each head's own count where heads differ (a hole is not held)."""
-        held = brought = 0
-        for g in [g for g in self._groups if g.sliding is None]:
-            H = g.k.shape[2]
-            brought += len(g.layers) * H * int(self.seen.sum())
-            if g.head_n is None:
-                held += len(g.layers) * H * int(g.n.sum())
-            else:  # each head's count at the last eviction, then every pair written past its hole
-                held += int(g.head_n.sum()) + len(g.layers) * H * int((g.n - g.gap_end.cpu()).sum())
-        return held, brought
-
     def kept_positions(self, layer: int, sample: int) -> torch.Tensor:
         """(H_kv, n_b) positions currently kept by `sample` in `layer` (-1: a head's hole, adaptive head budgets)."""
         g, i = self._where[layer]
