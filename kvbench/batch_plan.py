@@ -10,7 +10,9 @@ Counts are deterministic given the lengths: EOS changes none (a finished sample 
 the plan tracks `load` (B,), the pairs a row holds per head on average (what the schedule evicts on, exact), and
 `most` (B,), the most pairs one head holds: the same but under a head rule that chooses the counts at runtime
 (AdaKV), where it is the rule's bound (`knobs.head_slots` of what the eviction keeps), which the cache's slots and
-the account's widths use. The rules themselves: `kvbench.schedule.rows_to_evict` (which rows evict before a
+the account's widths use. Under a rule whose counts depend on the scores' values (`data_dependent`: DMS's
+threshold) the first eviction while decoding is followed by a `fit` resize (to what the rows really hold + the tokens
+to come, at most the bound): the account charges the bound, the cache holds at most that. The rules themselves: `kvbench.schedule.rows_to_evict` (which rows evict before a
 forward), `kvbench.budgets.knobs` (what they keep, the slots a compressed prompt needs),
 `kvbench.budgets.question` (query-agnostic runs: the context compressed before its question).
 """
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvbench.budgets import knobs, question
+from kvbench.budgets import head_rule, knobs, question
 from kvbench.grid import grid_chunks
 from kvbench.schedule import prefill_chunks, rows_to_evict
 
@@ -51,8 +53,10 @@ class Room:
 @dataclass(frozen=True)
 class Action:
     """Before a forward, in group `group`: `trim` (a windowed group keeps its newest `keep` pairs in `rows`), `evict`
-    (the policy keeps `keep` (B,) pairs per head, on average, in `rows`) or `resize` (to `capacity` slots).
-    `held`: the most pairs one head of an evicting row holds before; `most`: the most it keeps (bounds)."""
+    (the policy keeps `keep` (B,) pairs per head, on average, in `rows`) or `resize` (to `capacity` slots; with
+    `fit`, to the most pairs a row holds + `fit` when fewer: what a data-dependent head rule really kept, the
+    capacity its bound). `held`: the most pairs one head of an evicting row holds before; `most`: the most it
+    keeps (bounds)."""
 
     kind: str
     group: int
@@ -61,6 +65,7 @@ class Action:
     held: int = 0
     most: int = 0
     capacity: int = 0
+    fit: int | None = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,7 @@ class BatchPlan:
         self.load = torch.zeros(G, B, dtype=torch.long, device="cpu")  # (G, B) pairs per head on average
         self.most = torch.zeros(G, B, dtype=torch.long, device="cpu")  # (G, B) the most one head holds (bound)
         self.caps = [r.capacity for r in self.rooms]
+        self.fitted: set[int] = set()  # groups a data-dependent rule's first decode-time eviction shrank
         agnostic = self.question is not None
         last = len(self.chunks) - 1
         for k, r in enumerate(self.chunks):
@@ -151,6 +157,9 @@ class BatchPlan:
             if not prefill:  # the prompt is compressed: give its memory back
                 need = knobs.decode_capacity(p, int(self.budget[gi].max()), self.max_new_tokens, self.heads)
                 out += self._resize(gi, need)
+                if head_rule(p).data_dependent and gi not in self.fitted:  # the counts are the data's: once, shrink
+                    self.fitted.add(gi)  # to what was kept (the tokens to come fit beside it)
+                    out.append(Action(RESIZE, gi, capacity=self.caps[gi], fit=self.max_new_tokens))
         return out
 
     def _compress(self, q: torch.Tensor) -> list[Action]:

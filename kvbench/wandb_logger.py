@@ -33,7 +33,7 @@ IDENTITY = ("run_id", "config_hash", "experiment", "mode", "model", "weights", "
             "extensions", "ignored_keys", "kvbench_version", "git_sha")
 SUMMARY = ("status", "error", "oom_kind", "throughput_tok_s", "prefill_s", "decode_s", "wall_s", "evict_s",
            "attn_stats_s", "score_pass_s", "generated_tokens", "peak_kv_bytes", "decode_kv_bytes_mean",
-           "decode_kv_bytes_peak", "peak_mem_bytes", "accounted_mem_bytes")
+           "decode_kv_bytes_peak", "kv_kept_share", "peak_mem_bytes", "accounted_mem_bytes")
 NESTED = ("kv_budget", "serve", "serve_limits")  # record fields whose scalars (and percentiles) go to the summary as "field/key"
 LEFT_OUT = ("timeline", "plot_path")  # per-step series and file paths: not summary values
 

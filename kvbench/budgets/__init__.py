@@ -5,9 +5,10 @@ here (a "budget" is always a count of KV pairs; memory is a limit, kvbench.memor
                        protected recent pairs, capacities), pure functions of the knobs
     rule.py            budget rules: `HeadRule` (a layer's pairs over its KV heads, `policy.head_budget`) and
                        `LayerRule` (a sample's budget over its layers, `policy.layer_budget`), found by name
-    uniform_heads.py, adaptive_heads.py, global_heads.py, layerwise_heads.py, pattern_heads.py   the head rules:
-                       uniform; AdaKV's split by score; one ranking over a sample's layer x head table (KVzip's
-                       global) or per layer; DuoAttention's fixed pattern (streaming heads keep sink + recent)
+    uniform_heads.py, adaptive_heads.py, global_heads.py, layerwise_heads.py, pattern_heads.py, threshold_heads.py
+                       the head rules: uniform; AdaKV's split by score; one ranking over a sample's layer x head
+                       table (KVzip's global) or per layer; DuoAttention's fixed pattern (streaming heads keep sink +
+                       recent); DMS's threshold (out of the newest window, a score below it goes; counts by data)
     uniform_layers.py, pyramid_layers.py, chunk_layers.py, streaming_layers.py   the layer rules: uniform;
                        PyramidKV's pyramid; ChunkKV's whole chunks; DuoAttention's streaming window
     room.py            `Budgets`, the (layer x sample x KV head) counts of one batch, read by the cache, the schedule

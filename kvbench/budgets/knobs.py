@@ -117,12 +117,15 @@ def recent_pairs(policy, budgets: torch.Tensor) -> torch.Tensor:
     budget when it is None (H2O)."""
     if policy.protect_recent is None:
         return budgets // 2
-    return torch.full_like(budgets, policy.protect_recent)
+    w = head_rule(policy).recent(policy)  # a rule's own window (threshold: DMS's)
+    return torch.full_like(budgets, policy.protect_recent if w is None else w)
 
 
 def sample_budgets(policy, lengths: list[int]) -> torch.Tensor:
     """(B,) pairs each sample may hold: kv_size, or ceil(kv_ratio x its prompt length), or int(its prompt
-    length x (1 - compression_ratio)), at least min_budget."""
+    length x (1 - compression_ratio)), at least min_budget; or the head rule's own (`HeadRule.budgets`)."""
+    if (own := head_rule(policy).budgets(policy, lengths)) is not None:
+        return own
     if policy.kv_ratio is not None:
         want = [math.ceil(policy.kv_ratio * s) for s in lengths]
     elif policy.compression_ratio is not None:

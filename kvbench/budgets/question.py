@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import torch
 
+from kvbench.budgets.knobs import keep as knobs_keep
 from kvbench.budgets.knobs import recent_pairs
+from kvbench.budgets.rule import head_rule
 
 
 def context_keep(policy, budget: torch.Tensor, question: torch.Tensor) -> torch.Tensor:
     """Context pairs an eviction before the question keeps, per row (budget and question broadcast, e.g. (B,)):
-    the budget under after_prefill, else min(k - p, k - q)."""
-    if policy.once:
-        return budget.expand(torch.broadcast_shapes(budget.shape, question.shape))
+    the budget under after_prefill, else min(k - p, k - q); k - p under a rule whose counts are the data's (DMS's
+    threshold: its window, the question then arriving whole, its pairs decided as they leave the window)."""
+    if policy.once or head_rule(policy).data_dependent:
+        return knobs_keep(policy, budget).expand(torch.broadcast_shapes(budget.shape, question.shape))
     return torch.minimum(budget - policy.evict_every, budget - question)
 
 
@@ -34,8 +37,8 @@ def protected(policy, budget: torch.Tensor) -> torch.Tensor:
 def no_room(policy, budget: torch.Tensor, held: torch.Tensor, question: torch.Tensor) -> torch.Tensor:
     """Bool, per row (broadcast shapes): the row must evict before its question (held + q > budget) and what
     the eviction would keep is below its protected pairs + 1. Never under after_prefill (one compression to the
-    budget, the question kept beside it)."""
-    if policy.once:
+    budget, the question kept beside it), nor under a rule whose counts are the data's (no budget to make room in)."""
+    if policy.once or head_rule(policy).data_dependent:
         return torch.zeros(torch.broadcast_shapes(budget.shape, held.shape, question.shape), dtype=torch.bool)
     return (held + question > budget) & (context_keep(policy, budget, question) < protected(policy, budget) + 1)
 

@@ -8,7 +8,9 @@ Two kinds, each one file per rule in this package, found by name like policies (
   the memory account charges), whether it needs a score to choose the counts (`needs_score`), whether the counts
   are chosen once, when the prompt is compressed (`once_only`: schedule=after_prefill), whether the heads of a
   (layer, sample) may hold different counts (`uneven`: a mask per KV head, no flash kernel, no re-rotation, each
-  head its own pages in serving), and the counts themselves from the ranked scores (`counts`);
+  head its own pages in serving), whether the counts depend on the scores' values (`data_dependent`: the account
+  charges a bound), and the counts themselves from the ranked scores (`counts`); a rule may set the budget the
+  schedule evicts on and the protected newest pairs itself (`budgets`, `recent`: DMS's threshold and window);
 * a layer rule (`LayerRule`), chosen by the policy's class (`Policy.layer_budget`): `uniform` (every layer the
   sample's budget) or `pyramid` (PyramidKV). It gives each layer its budget from the samples' (`budgets`) and says
   whether layers may differ (`varies`: a cache group per layer, each layer its own pages in serving).
@@ -35,6 +37,9 @@ class HeadRule:
     once_only: ClassVar[bool] = False  # the counts are chosen once, when the prompt is compressed (after_prefill)
     uneven: ClassVar[bool] = False  # heads of a (layer, sample) may hold different counts
     transient: ClassVar[int] = 0  # bytes per (layer, sample, head, pair) `counts` allocates beyond the ranked scores
+    # the counts depend on the scores' values, not only on the pairs held (DMS's threshold): the cache and the memory
+    # account hold a bound (`slots`), which the run's measured allocation stays at or under
+    data_dependent: ClassVar[bool] = False
 
     def validate(self, policy) -> None:
         """ConfigError naming `policy.head_budget` when the policy cannot run under this rule."""
@@ -43,6 +48,16 @@ class HeadRule:
         """The most pairs one KV head may hold when its layer keeps `pairs` per head on average (an int or a
         tensor); `heads`: the model's KV heads (None: unknown)."""
         return pairs
+
+    def budgets(self, policy, lengths: list[int]) -> torch.Tensor | None:
+        """(B,) the budgets the schedule evicts on when the rule sets them itself (threshold: its window), for prompts
+        of these lengths; None: the policy's budget knobs'."""
+        return None
+
+    def recent(self, policy) -> int | None:
+        """The newest pairs every eviction protects when the rule sets them (threshold: its window); None: the
+        policy's `protect_recent`."""
+        return None
 
     def counts(self, policy, ranked: torch.Tensor, keep: torch.Tensor) -> torch.Tensor | None:
         """(L, B', H) pairs each head keeps, from `ranked` (L, B', H, N) scores as the cache's eviction ranks them

@@ -9,6 +9,7 @@ after it; every later write lands past it). Per group:
     head_n   (L_g, B, H)  pairs each head kept at the last eviction (on the group's device)
     gap_end  (B,)         the sample's count right after it (on the group's device)
 
+`kept_pairs` counts what the heads really hold (a record's `kv_kept_share`, any head rule).
 Attention then masks each head's hole (`layer_step`: a (B, H_kv, T, N) mask per layer); the cache's memory is
 the largest head's (`kvbench.budgets.head_slots` bounds it before the run, the memory account charges
 that bound).
@@ -42,6 +43,20 @@ def record(g, rows: torch.Tensor, sel, c: torch.Tensor, host: torch.Tensor, keep
     end = n.to(g.device)  # the rows that did not evict keep their hole (a later eviction: different rows evict)
     g.gap_end = end if g.gap_end is None else torch.where(rows.to(g.device), end, g.gap_end)
     return n
+
+
+def kept_pairs(groups, seen: torch.Tensor) -> tuple[int, int]:
+    """(pairs the full-attention `groups` hold now, pairs the `seen` (B,) tokens brought them), summed over layers, KV
+    heads and samples: each head's own count where heads differ (a hole is not held)."""
+    held = brought = 0
+    for g in [g for g in groups if g.sliding is None]:
+        H = g.k.shape[2]
+        brought += len(g.layers) * H * int(seen.sum())
+        if g.head_n is None:
+            held += len(g.layers) * H * int(g.n.sum())
+        else:  # each head's count at the last eviction, then every pair written past its hole
+            held += int(g.head_n.sum()) + len(g.layers) * H * int((g.n - g.gap_end.cpu()).sum())
+    return held, brought
 
 
 def mask_holes(ranked: torch.Tensor, g, sel) -> torch.Tensor:

@@ -14,6 +14,7 @@ from dataclasses import replace
 from omegaconf import DictConfig
 
 from kvbench import results, search
+from kvbench.budgets import head_rule
 from kvbench.capacity.account import plan_policies, trial, window_credit
 from kvbench.capacity.node import check, node_of
 from kvbench.capacity.placement import placed_shape, placement, spec_of
@@ -54,6 +55,8 @@ def plan(cfg: DictConfig) -> dict:
                 "attention": backend, "method": method, "policy": policy.name, "kv_size": policy.kv_size,
                 "max_batch_size": found.max_batch_size, "first_oom_batch_size": found.first_oom_batch_size,
                 "peak_bytes": best.peak_mem_bytes if best else None,  # the fullest device's, at the largest batch
+                # the KV cache charged is a bound (head_budget=threshold keeps what the data says): at most this
+                "kv_upper_bound": bool(policy.evicts and head_rule(policy).data_dependent),
                 "trials": [t.__dict__ for t in found.trials],
             })
     n_params = sum(p.numel() for p in model.parameters())

@@ -23,7 +23,8 @@ def execute(cache: KVCache, step: Step, policy: Policy, observer) -> None:
         for a in step.before:
             if a.kind == EVICT:
                 cache.evict(a.rows, a.keep, policy, group=groups[a.group])
-            elif a.kind == RESIZE:
-                cache.resize(a.capacity, group=groups[a.group])
+            elif a.kind == RESIZE:  # a fit: what the rows hold + the tokens to come (a data-dependent rule's counts)
+                g = groups[a.group]
+                cache.resize(a.capacity if a.fit is None else min(a.capacity, int(g.n.max()) + a.fit), group=g)
     if observer:
         observer("evict", cache)

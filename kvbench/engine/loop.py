@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 
 from kvbench.attention import SCORE_CHUNK
-from kvbench.cache import KVCache
+from kvbench.cache import KVCache, heads
 from kvbench.cache.layout import right_aligned, to_device
 from kvbench.engine.batch import Batch
 from kvbench.engine.evictions import execute
@@ -157,5 +157,6 @@ def run_batch(batch: Batch, policy: Policy, forward: Forward, max_new_tokens, eo
         attn_stats_s=sections.get("attn_stats", 0.0), score_pass_s=sections.get("score_pass", 0.0),
         generated_tokens=generated,
         peak_kv_bytes=cache.peak_kv_bytes, kv_allocated_bytes=allocated, decode_kv_bytes=held,
+        kept_pairs=heads.kept_pairs(cache.groups, cache.seen),  # (held, brought) at the end: the share really kept
         budgets=batch.full_budgets,  # (L_full, B) the budgets the compressed layers held, None for the full cache
     )

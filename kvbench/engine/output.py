@@ -25,6 +25,8 @@ class GenerationOutput:
     decode_kv_bytes_sum: int = 0  # the cache's allocation summed over decode steps (every batch's)
     decode_kv_bytes_peak: int = 0  # its largest during a decode step
     decode_steps: int = 0
+    held_pairs: int = 0  # pairs the caches held at the end of each batch (every layer, KV head, sample), summed
+    brought_pairs: int = 0  # pairs the tokens they processed brought (the full cache's count), summed
     accounted: memory.Account | None = None  # the largest accounted peak of a batch
     batches: int = 0
     prompt_tokens: list[int] = field(default_factory=list)
@@ -56,6 +58,8 @@ class GenerationOutput:
         self.decode_kv_bytes_sum += sum(held)
         self.decode_kv_bytes_peak = max([self.decode_kv_bytes_peak, *held])
         self.decode_steps += len(held)
+        kept, brought = stats.get("kept_pairs", (0, 0))
+        self.held_pairs, self.brought_pairs = self.held_pairs + kept, self.brought_pairs + brought
         self.note_budgets(stats["budgets"])
         self.batches += 1
 
@@ -63,6 +67,12 @@ class GenerationOutput:
     def decode_kv_bytes_mean(self) -> int | None:
         """The cache's allocated bytes during a decode step, on average over every batch's decode steps."""
         return self.decode_kv_bytes_sum // self.decode_steps if self.decode_steps else None
+
+    @property
+    def kv_kept_share(self) -> float | None:
+        """The share of the pairs its tokens brought that the cache held at the end (every batch, layer, KV head and
+        sample): the compression really reached, e.g. under a threshold, where it is not set."""
+        return round(self.held_pairs / self.brought_pairs, 4) if self.brought_pairs else None
 
     @property
     def throughput_tok_s(self) -> float:

@@ -13,7 +13,8 @@ I MLP width, V vocabulary, Hq / H query / KV heads, D head dim, L layers on the 
                 the preallocated cache, exact: `KVCache.nbytes_for` (K, V, positions, statistics), per
                 group of layers (`kvbench.cache.storage.form_groups`: per-layer budgets give each layer its own
                 capacity; sliding-window layers hold W - 1 + the widest forward, their trims planned like
-                evictions)
+                evictions); under a head rule whose counts are the data's (`data_dependent`: DMS's threshold)
+                an upper bound, nothing evicted (`Account.upper_bound`; the cache measured stays at or under it)
     transient   the largest of (`kvbench.memory.terms`)
       forward of T tokens over N keys (every forward of the batch's plan, EOS changes no count):
           4·B·T·h·e hidden states (embeddings output, layer input, residual, normed input)
@@ -70,7 +71,7 @@ import torch
 
 from kvbench.attention import BACKENDS, resolve
 from kvbench.batch_plan import EVICT, RESIZE, BatchPlan, Room, prefill_chunks_of
-from kvbench.budgets import knobs
+from kvbench.budgets import head_rule, knobs
 from kvbench.cache import layer_capacities
 from kvbench.cache.band import split_groups
 from kvbench.cache.linear_state import attention_groups
@@ -102,6 +103,9 @@ class Account:
     """Accounted peak of one batch, per device (keys like "cpu", "cuda:0")."""
 
     devices: dict[str, Footprint]
+    # the KV cache is the head rule's bound, not the count (`data_dependent`: DMS's threshold keeps what the scores
+    # say): the cache measured stays at or under it, and reaches it when nothing is evicted
+    upper_bound: bool = False
 
     @property
     def total(self) -> int:
@@ -114,7 +118,8 @@ class Account:
         f = self.devices[device]
         return (
             f"{f.total / GiB:.3f} GiB (weights {f.weights / GiB:.3f} + KV cache {f.kv_cache / GiB:.3f}"
-            f" + transient {f.transient / GiB:.3f})"
+            f" + transient {f.transient / GiB:.3f})" + (", an upper bound: the kept pairs depend on the data"
+                                                        if self.upper_bound else "")
         )
 
 
@@ -198,4 +203,4 @@ def account(
                                  kv_steps=tuple(kv))
     for dev, w in s.weights.items():  # devices with weights but no decoder layer (e.g. the lm_head's)
         devices.setdefault(dev, Footprint(weights=w, kv_cache=0, transient=0))
-    return Account(devices)
+    return Account(devices, upper_bound=policy.evicts and head_rule(policy).data_dependent)

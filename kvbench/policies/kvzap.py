@@ -4,12 +4,14 @@ KVzip+) importance from the hidden state entering the layer's attention at the p
 The score is computed ONCE per pair, when it arrives (the observe step, kvbench.policies.needs: every prefill
 chunk and decode step), stored with the pair (`needs.pair_state`, compacted with it in the static cache, kept in
 its page in serve mode) and never recomputed; an eviction keeps each head's best (`compression_ratio` /
-`kv_size`: per-head topk, kvpress's `kvzap_mlp_head`; `head_budget=adaptive`: AdaKV, `kvzap_mlp_layer`). Scores at
-arrival make it well defined under every schedule. The scorer (kvbench.artifacts.kvzap_scorer): `scorer` = a
+`kv_size`: per-head topk, kvpress's `kvzap_mlp_head`; `head_budget=adaptive`: AdaKV, `kvzap_mlp_layer`), or by
+threshold (`head_budget=threshold` with `threshold`, a log-score: DMS, kvpress's leaderboard `kvzap_mlp` /
+`kvzap_linear` = DMSPress(KVzapPress)): a pair out of the newest `sliding_window` (128) scoring below it goes, the
+kept share depends on the data (kvbench.budgets.threshold_heads). Scores at arrival make it well defined under
+every schedule. The scorer (kvbench.artifacts.kvzap_scorer): `scorer` = a
 local folder or a Hub id in kvpress's layout; None = the Hub's `nvidia/KVzap-<model_type>-<model name>` (a model
 with no name, kvbench's tiny random ones: a random scorer); "tiny" = a random scorer shaped for the model (tests,
 smoke runs: its scores mean nothing).
-DMS's threshold mode (kvpress's leaderboard `kvzap_mlp`/`kvzap_linear`) is not here yet.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import ClassVar
 import torch
 
 from kvbench.artifacts.kvzap_scorer import hub_id, load_scorer, tiny_scorer
+from kvbench.errors import ConfigError
 from kvbench.policies.policy import AFTER_PREFILL, Needs, Policy, ScoreContext
 
 _LOADED: dict = {}  # (source, model, its shape) -> scorer, loaded once per process
@@ -45,6 +48,8 @@ class KVzap(Policy):
     schedule: str = AFTER_PREFILL
     model_type: str = "mlp"  # mlp | linear
     scorer: str | None = None  # local folder or Hub id; None: nvidia/KVzap-<model_type>-<model>; "tiny": random
+    threshold: float | None = None  # head_budget=threshold: evict pairs scoring below it (a log-score), DMS's rule
+    sliding_window: int = 128  # head_budget=threshold: the newest pairs never evicted (DMS's window)
     name: ClassVar[str] = "kvzap"
     no_loglikelihood: ClassVar[str | None] = "its observe step (scores at arrival) runs in generation only"
     label: ClassVar[str] = "KVzap"
@@ -52,6 +57,16 @@ class KVzap(Policy):
     paper: ClassVar[tuple[str, str]] = ("Jegou et al., 2026", "https://arxiv.org/abs/2601.07891")
     published_schedule: ClassVar[str] = AFTER_PREFILL
     needs: ClassVar[Needs] = Needs(hidden=True, pair_state=("score",))
+
+    def validate(self) -> None:
+        if self.threshold is not None and self.head_budget != "threshold":
+            raise ConfigError("policy.threshold", "is DMS's rule: set policy.head_budget=threshold with it (or null "
+                              "it for a budget)", self.threshold)
+        super().validate()
+
+    @property
+    def evicts(self) -> bool:
+        return super().evicts or self.threshold is not None  # the threshold replaces the budget
 
     def describe(self, gqa: bool = False, paged: bool = False) -> dict:
         d = super().describe(gqa, paged)

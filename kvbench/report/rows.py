@@ -105,11 +105,13 @@ def order(r: Row) -> tuple:
 
 
 def budget_of(rec: dict) -> str | None:
-    """A run's per-prompt budget as its kv cell ("cr=0.5", "kv_ratio=0.5"); None for a kv_size or none."""
+    """A run's per-prompt budget as its kv cell ("cr=0.5", "kv_ratio=0.5", or KVzap's "threshold=-5": no budget, the
+    kept share the data's); None for a kv_size or none."""
     for key, shown in (("compression_ratio", "cr"), ("kv_ratio", "kv_ratio")):
         if _number(rec.get(key)):
             return f"{shown}={rec[key]:g}"
-    return None
+    threshold = ((rec.get("config") or {}).get("policy") or {}).get("threshold")
+    return f"threshold={threshold:g}" if _number(threshold) else None
 
 
 def _int(v) -> int | None:

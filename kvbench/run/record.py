@@ -95,6 +95,7 @@ def new_record(cfg: DictConfig, policy, task) -> dict:
         "peak_kv_bytes": None,
         "decode_kv_bytes_mean": None,  # the KV cache's allocation during decode steps (static: the cache's tensors;
         "decode_kv_bytes_peak": None,  # serve: the pool's pages in use), mean and largest over the steps
+        "kv_kept_share": None,  # static: the share of the pairs the tokens brought that the cache held at the end
         "peak_mem_bytes": None,
         "peak_mem_bytes_per_device": None,
         "peak_reserved_bytes_per_device": None,

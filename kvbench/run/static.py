@@ -83,11 +83,15 @@ def execute(
         peak_kv_bytes=out.peak_kv_bytes,
         decode_kv_bytes_mean=out.decode_kv_bytes_mean,
         decode_kv_bytes_peak=out.decode_kv_bytes_peak if out.decode_steps else None,
-        kv_budget=None if out.budget_min is None else {
+        kv_kept_share=out.kv_kept_share,
+        kv_budget=None if out.budget_min is None or head_rule(policy).data_dependent else {  # a threshold: no budget
             "by": policy.per_prompt or "kv_size",
             "min": out.budget_min, "max": out.budget_max, "per_layer": out.budget_per_layer},
         **memory_fields(lm, out.accounted),
     )
+    if out.accounted is not None and out.accounted.upper_bound:
+        record["notes"].append("accounted_mem_bytes is an upper bound (head_budget=threshold: the pairs kept depend on "
+                               "the data, kv_kept_share says how many; the cache held at most that bound)")
     longest = max(map(len, ids)) + cfg.gen.max_new_tokens
     if out.budget_min is not None and out.budget_min >= longest:  # the cache is sized by the sequences
         record["notes"].append(f"the budget ({out.budget_min} pairs or more) holds every sequence whole (at most "

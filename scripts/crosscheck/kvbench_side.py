@@ -86,6 +86,9 @@ COUNTERPARTS = {
         compression_ratio=r, schedule=AP, inner="expected_attention", inner_args={"use_vnorm": False}), None)],
     "kvzap_mlp_head": [("kvzap", lambda r: KVzap(compression_ratio=r, schedule=AP, scorer=str(WORK["dir"] / "kvzap-mlp")),
                         None)],  # the random MLP scorer both sides load from the work folder (kvpress's Hub layout)
+    # DMS by threshold over the same scorer (the leaderboard's kvzap_mlp): the "ratio" slot is the threshold
+    "kvzap_mlp": [("kvzap head_budget=threshold", lambda t: KVzap(head_budget="threshold", threshold=t, schedule=AP,
+                                                                  scorer=str(WORK["dir"] / "kvzap-mlp")), None)],
     # the share of streaming heads; the head scores calibrated on the texts kvpress's side calibrated on (its
     # BookSum replaced by the first 50 CNN/DM validation articles, WORK/calibration.json, cases.DUO_TEXTS)
     "duo_attention_on_the_fly": [("duo_attention", lambda r: DuoAttention(
@@ -124,6 +127,13 @@ def prompts(work: Path, data_dir: str) -> None:
     print(f"{len(ids)} prompts, {min(map(len, ids))}-{max(map(len, ids))} tokens", flush=True)
 
 
+def settings(press: str, spec: dict) -> list[float]:
+    """The values a press runs at: the work folder's compression ratios, or a DMS press's thresholds (cases.py)."""
+    import cases  # this folder's
+
+    return list(cases.DMS_THRESHOLDS) if cases.PRESSES.get(press, ("",))[0] == "DMSPress" else spec["ratios"]
+
+
 def run(work: Path) -> None:
     spec = json.loads((work / "ids.json").read_text())
     WORK["dir"] = work
@@ -137,7 +147,7 @@ def run(work: Path) -> None:
         if ONLY and press not in ONLY:
             continue
         for label, make, why in sides:
-            for ratio in [0.0] if press == "none" else [r for r in spec["ratios"] if not ONLY_RATIOS or r in ONLY_RATIOS]:
+            for ratio in [0.0] if press == "none" else [r for r in settings(press, spec) if not ONLY_RATIOS or r in ONLY_RATIOS]:
                 path = out / f"{label.replace(' ', '_')}-{ratio}.json"
                 if path.exists():
                     continue

@@ -215,4 +215,4 @@ def test_account_follows_the_cache_while_streaming_heads_slide(tiny_llama, monke
     from tests.memory import test_account_registry as account
 
     monkeypatch.setattr(account, "_at_test_size", lambda name: DuoAttention(schedule=schedule, evict_every=4))
-    account.test_account_charges_the_cache_measured_at_every_forward("duo_attention", tiny_llama, monkeypatch)
+    account.check_account("duo_attention", tiny_llama, monkeypatch)

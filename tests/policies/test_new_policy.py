@@ -72,5 +72,5 @@ def test_serve_mode_gives_the_static_engines_tokens(registered, tiny_llama, monk
 
 def test_account_follows_its_declaration(registered, tiny_llama, monkeypatch):
     monkeypatch.setattr(account, "_at_test_size", lambda name: registered())
-    account.test_account_charges_the_cache_measured_at_every_forward(registered.name, tiny_llama, monkeypatch)
+    account.check_account(registered.name, tiny_llama, monkeypatch)
     account.test_serve_pool_and_query_windows_are_what_the_declaration_charges(registered.name, tiny_llama, monkeypatch)

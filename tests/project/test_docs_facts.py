@@ -81,9 +81,16 @@ REFUSED = {
     "`gen.kv_cache_dtype` `int8` or `int4` with `gen.attention=flash`":
         [*TINY, "gen.kv_cache_dtype=int4", "gen.kv_quant_group=16", "gen.attention=flash"],
     "`gen.kv_quant_group` that does not divide the model's head size": [*TINY, "gen.kv_cache_dtype=int8"],
-    "`policy.head_budget=adaptive`, `global` or `layerwise` (KVzip's default and its other ranking) with "
-    "`mode=serve_limits`":
+    "`policy.head_budget=adaptive`, `global`, `layerwise` (KVzip's default and its other ranking) or `threshold` "
+    "with `mode=serve_limits`":
         replace(BASE, policy="snapkv", schedule="after_prefill", mode="serve_limits", head_budget="adaptive"),
+    "`policy.head_budget=threshold` with a policy whose score is not stored at arrival (all but `kvzap`), or without "
+    "`policy.threshold`; `policy.threshold` without it": [*TINY, "policy=snapkv", "policy.head_budget=threshold"],
+    "`policy.head_budget=threshold` with `kv_ratio`, `compression_ratio`, `protect_recent` or `rerotate`":
+        [*TINY, "policy=kvzap", "policy.head_budget=threshold", "policy.threshold=-5", "policy.compression_ratio=0.5"],
+    "`policy.head_budget=threshold` in `mode=serve` with a schedule other than `after_prefill`":
+        [*TINY, "mode=serve", "policy=kvzap", "policy.head_budget=threshold", "policy.threshold=-5",
+         "policy.schedule=decode_only"],
 }
 THAT_KEY = {"`policy=full` with `kv_ratio` or `compression_ratio`": "policy.kv_ratio",
             "`policy=extreme_decode` with a per-prompt budget": "policy.kv_ratio",
@@ -94,6 +101,8 @@ THAT_KEY = {"`policy=full` with `kv_ratio` or `compression_ratio`": "policy.kv_r
             "`serve.eviction=openvino` with `policy.kv_size`, `protect_*`, `schedule` or `serve.block_score` changed":
                 "policy.schedule",
             "`plan.*` values `kvbench-plan` refuses": "plan.gpus",
+            "`policy.head_budget=threshold` with `kv_ratio`, `compression_ratio`, `protect_recent` or `rerotate`":
+                "policy.compression_ratio",
             "`policy=duo_attention` with `kv_size` or `kv_ratio`, with `head_budget` other than `pattern`, with "
             "`rerotate=true`, in `mode=serve_limits`, or serving with `schedule` other than `after_prefill`":
                 "policy.kv_size"}

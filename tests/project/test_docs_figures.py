@@ -596,6 +596,19 @@ def test_crosscheck_of_kvzip_plus():
     states("results/crosscheck/kvzip_plus/README.md", phrase.replace(" rows and", " rows,"))
 
 
+def test_crosscheck_of_kvzap_by_threshold():
+    rows = {r["ratio"]: r for r in json.loads((RESULTS / "crosscheck" / "dms" / "summary.json").read_text())["rows"]}
+    assert sorted(rows) == [-5.5, -5.0, -4.5] and all(r["press"] == "kvzap_mlp" for r in rows.values())
+    assert rows[-5.0]["identical_rows"] >= 15
+    pair = {t: f"{r['identical_rows']} of {r['rows']}" for t, r in rows.items()}
+    sets = {t: f"{r['identical_sets']} of {r['sets']}" for t, r in rows.items()}
+    states("docs/crosscheck.md", f"at threshold -5.0 identical tokens on {pair[-5.0]} rows and identical kept sets in "
+                                 f"{sets[-5.0]}; at -5.5 {pair[-5.5]} and {sets[-5.5]}; at -4.5 {pair[-4.5]} and "
+                                 f"{sets[-4.5]}")
+    states("results/crosscheck/dms/README.md", *(f"threshold {t:.1f}: identical tokens on {pair[t]} rows, identical kept "
+                                                f"sets in {sets[t]}" for t in rows))
+
+
 def test_crosscheck_of_duo_attention():
     rows = json.loads((RESULTS / "crosscheck" / "duo" / "summary.json").read_text())["rows"]
     by = {r["ratio"]: r for r in rows}

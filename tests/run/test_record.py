@@ -18,7 +18,7 @@ RUN_FIELDS = [
     "kv_budget", "evict_every", "schedule", "batch_size", "n_samples", "max_new_tokens", "seed", "device", "metrics",
     "throughput_tok_s", "prefill_s", "decode_s", "wall_s", "evict_s", "attn_stats_s", "score_pass_s",
     "generated_tokens",
-    "output_tokens", "peak_kv_bytes", "decode_kv_bytes_mean", "decode_kv_bytes_peak", "peak_mem_bytes",
+    "output_tokens", "peak_kv_bytes", "decode_kv_bytes_mean", "decode_kv_bytes_peak", "kv_kept_share", "peak_mem_bytes",
     "peak_mem_bytes_per_device", "peak_reserved_bytes_per_device",
     "accounted_mem_bytes", "accounted_mem_bytes_per_device", "search", "attention", "model_family",
     "state_bytes_per_sequence", "compressed_layers", "extensions", "ignored_keys", "notes", "logger", "prompts",
