@@ -32,7 +32,12 @@ def is_int(x) -> bool:
 
 def validate(policy) -> None:
     """Check (and normalise) the budget knobs of `policy`: ConfigError naming the key on bad input; then its layer
-    rule's checks."""
+    rule's checks. First what the policy declares it refuses (`after_prefill_only`, `uniform_heads_only`)."""
+    if policy.after_prefill_only and policy.schedule != AFTER_PREFILL:
+        raise ConfigError("policy.schedule", f"{policy.name} {policy.after_prefill_only}: use "
+                          "policy.schedule=after_prefill", policy.schedule)
+    if policy.uniform_heads_only and policy.head_budget != "uniform":
+        raise ConfigError("policy.head_budget", f"{policy.name} {policy.uniform_heads_only}", policy.head_budget)
     _validate_knobs(policy)
     layer_rule(policy).validate(policy)
 

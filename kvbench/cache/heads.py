@@ -50,7 +50,7 @@ def kept_pairs(groups, seen: torch.Tensor) -> tuple[int, int]:
     heads and samples: each head's own count where heads differ (a hole is not held)."""
     held = brought = 0
     for g in [g for g in groups if g.sliding is None]:
-        H = g.k.shape[2]
+        H = g.pos.shape[2]  # (L, B, H_kv, S): a quantized group holds no k
         brought += len(g.layers) * H * int(seen.sum())
         if g.head_n is None:
             held += len(g.layers) * H * int(g.n.sum())

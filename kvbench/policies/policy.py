@@ -34,7 +34,6 @@ import torch
 
 from kvbench import budgets
 from kvbench.budgets import AFTER_PREFILL, SCHEDULES
-from kvbench.errors import ConfigError
 from kvbench.policies.needs import Needs
 
 __all__ = ["AFTER_PREFILL", "SCHEDULES", "Needs", "Policy", "ScoreContext"]
@@ -117,9 +116,8 @@ class Policy:
     # sweep they are reset to the policy's own defaults and named in the record's `ignored_keys` (kvbench.config)
     inert_keys: ClassVar[tuple[str, ...]] = ()
     layer_budget: ClassVar[str] = "uniform"  # the layer rule (kvbench.budgets.rule): "pyramid" for PyramidKV
-    # what it refuses, declared (the preflight refuses it in one line with the reason; the configuration matrix's
-    # oracle reads the declaration): why it is defined only as one compression of the whole prompt
-    # (schedule=after_prefill), and why every KV head of a layer keeps the same budget (head_budget=uniform)
+    # what it refuses and why (kvbench.budgets.validate refuses it with the reason; the matrix's oracle reads it):
+    # other schedules than after_prefill (one compression of the whole prompt), adaptive head budgets
     after_prefill_only: ClassVar[str | None] = None
     uniform_heads_only: ClassVar[str | None] = None
 
@@ -128,11 +126,6 @@ class Policy:
 
     def validate(self) -> None:
         """Check (and normalise) the knobs: ConfigError naming the key (kvbench.budgets.validate)."""
-        if self.after_prefill_only and self.schedule != AFTER_PREFILL:
-            raise ConfigError("policy.schedule", f"{self.name} {self.after_prefill_only}: use "
-                              "policy.schedule=after_prefill", self.schedule)
-        if self.uniform_heads_only and self.head_budget != "uniform":
-            raise ConfigError("policy.head_budget", f"{self.name} {self.uniform_heads_only}", self.head_budget)
         budgets.validate(self)
 
     # ----------------------------------------------------------------- phase flags
@@ -197,32 +190,13 @@ class Policy:
         return 0
 
     # ----------------------------------------------------------------- reporting
-    def schedule_departures(self) -> list[str]:
-        """How `schedule` departs from `published_schedule` (nothing when it is the published one)."""
-        published, pd = self.published_schedule, self.schedule == "prefill_and_decode"
-        if self.once:
-            if published in (None, AFTER_PREFILL):
-                return []
-            was = "evicts while decoding" if published == "decode_only" else "evicts during prefill and decode"
-            return [f"schedule=after_prefill: the prompt is compressed once after prefill, every generated token is "
-                    f"kept (published: {was})"]
-        if published == AFTER_PREFILL:  # a one-off compression of the prompt (SnapKV, Knorm, KeyDiff, as in kvpress)
-            ext = ["evicts during prefill, block by block (published: once, after the whole prompt)"] if pd else []
-            return ext + ["evicts again whenever the cache is full while decoding (published: never)"]
-        if published == "decode_only" and pd:
-            return ["evicts during prefill too, block by block (published: decoding only)"]
-        if published == "prefill_and_decode" and not pd:
-            return ["schedule=decode_only: the whole prompt is held until the first decode step (published: evicts "
-                    "during prefill and decode)"]
-        return []
-
     def describe(self, gqa: bool = False, paged: bool = False) -> dict:
         """Hyper-parameters and the ways this run departs from the published method (`gqa`: the model has
         several query heads per KV head; `paged`: mode=serve, which evicts whole blocks, not evict_every pairs)."""
         d = {"policy": self.name, **asdict(self)}
         ext = []
         if self.evicts:
-            ext += self.schedule_departures()
+            ext += schedule_departures(self.published_schedule, self.schedule)
         p = self.published_evict_every
         if self.evicts and not paged and not self.once and p is not None and self.evict_every != p:
             ext.append(f"evict_every={self.evict_every} (published: {self.published_evict_every} pair per token)")
@@ -246,3 +220,24 @@ class Policy:
                 d["budgets"] = line
         d["extensions"] = ext
         return d
+
+
+def schedule_departures(published: str | None, schedule: str) -> list[str]:
+    """How a policy run under `schedule` departs from its `published_schedule` (nothing when it is the published
+    one)."""
+    pd = schedule == "prefill_and_decode"
+    if schedule == AFTER_PREFILL:
+        if published in (None, AFTER_PREFILL):
+            return []
+        was = "evicts while decoding" if published == "decode_only" else "evicts during prefill and decode"
+        return [f"schedule=after_prefill: the prompt is compressed once after prefill, every generated token is "
+                f"kept (published: {was})"]
+    if published == AFTER_PREFILL:  # a one-off compression of the prompt (SnapKV, Knorm, KeyDiff, as in kvpress)
+        ext = ["evicts during prefill, block by block (published: once, after the whole prompt)"] if pd else []
+        return ext + ["evicts again whenever the cache is full while decoding (published: never)"]
+    if published == "decode_only" and pd:
+        return ["evicts during prefill too, block by block (published: decoding only)"]
+    if published == "prefill_and_decode" and not pd:
+        return ["schedule=decode_only: the whole prompt is held until the first decode step (published: evicts "
+                "during prefill and decode)"]
+    return []
