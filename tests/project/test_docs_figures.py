@@ -527,91 +527,77 @@ def test_crosscheck_table_and_prose():
            f"{frac(('pyramidkv', 'pyramidkv', 0.5))} after at 0.5")
 
 
+@cache
+def crosscheck(folder: str) -> dict[tuple[str, float], dict]:
+    """A committed cross-check folder's rows (compare.py's summary.json), by (kvpress press, ratio)."""
+    rows = json.loads((RESULTS / "crosscheck" / folder / "summary.json").read_text())["rows"]
+    return {(r["press"], r["ratio"]): r for r in rows}
+
+
+def agreement(r: dict, sep: str = " and") -> str:
+    """A row's agreement as the docs state it; sep "," as the folders' READMEs write it."""
+    return (f"identical tokens on {r['identical_rows']} of {r['rows']} rows{sep} identical kept sets in "
+            f"{r['identical_sets']} of {r['sets']}")
+
+
 def test_crosscheck_of_lagkv_and_chunkkv():
-    s = json.loads((RESULTS / "crosscheck" / "keys" / "summary.json").read_text())
-    rows = {r["press"]: r for r in s["rows"]}
-    chunk, lag = rows["chunkkv"], rows["lagkv"]
+    rows = crosscheck("keys")
+    chunk, lag = rows[("chunkkv", 0.5)], rows[("lagkv", 0.5)]
     tied = sorted(map(int, lag["diverged_rows"]))
     assert set(lag["diverged_rows"].values()) == {"ties"}
     assert lag["rows_identical_or_ties"] == lag["rows"] == chunk["identical_rows"] == 16
-    states("docs/crosscheck.md", f"identical tokens on {chunk['identical_rows']} of {chunk['rows']} rows and identical "
-                                 f"kept sets in {chunk['identical_sets']} of {chunk['sets']}; LagKV on "
-                                 f"{lag['identical_rows']} of {lag['rows']}, the other {lag['rows'] - lag['identical_rows']}")
-    states("results/crosscheck/keys/README.md",
-           f"identical tokens on {chunk['identical_rows']} of {chunk['rows']} rows, identical kept sets in "
-           f"{chunk['identical_sets']} of {chunk['sets']}",
+    states("docs/crosscheck.md", f"{agreement(chunk)}; LagKV on {lag['identical_rows']} of {lag['rows']}, the other "
+                                 f"{lag['rows'] - lag['identical_rows']}")
+    states("results/crosscheck/keys/README.md", agreement(chunk, ","),
            f"identical tokens on {lag['identical_rows']} of {lag['rows']} rows; rows "
            f"{', '.join(map(str, tied[:-1]))} and {tied[-1]} differ")
 
 
 def test_crosscheck_of_the_observe_step_policies():
-    s = json.loads((RESULTS / "crosscheck" / "observe" / "summary.json").read_text())
-    rows = {r["press"]: r for r in s["rows"]}
-    ea, ada, zap = rows["expected_attention"], rows["adakv_expected_attention"], rows["kvzap_mlp_head"]
-    assert all(r["identical_rows"] == r["rows"] == 16 and r["ratio"] == 0.5 for r in (ea, ada, zap))
+    rows = crosscheck("observe")
+    ea, ada, zap = (rows[(p, 0.5)] for p in ("expected_attention", "adakv_expected_attention", "kvzap_mlp_head"))
+    assert all(r["identical_rows"] == r["rows"] == 16 for r in (ea, ada, zap))
     states("docs/crosscheck.md",
-           f"ExpectedAttention gives identical tokens on {ea['identical_rows']} of {ea['rows']} rows and identical kept "
-           f"sets in {ea['identical_sets']} of {ea['sets']}; AdaKV over ExpectedAttention (the leaderboard's epsilon "
+           f"ExpectedAttention gives {agreement(ea)}; AdaKV over ExpectedAttention (the leaderboard's epsilon "
            f"0.01) {ada['identical_rows']} of {ada['rows']} and {ada['identical_sets']} of {ada['sets']}; KVzap (the "
            f"same random MLP scorer on both sides) {zap['identical_rows']} of {zap['rows']} and {zap['identical_sets']} "
            f"of {zap['sets']}")
-    states("results/crosscheck/observe/README.md",
-           f"ExpectedAttention: identical tokens on {ea['identical_rows']} of {ea['rows']} rows, identical kept sets in "
-           f"{ea['identical_sets']} of {ea['sets']}",
-           f"AdaKV over ExpectedAttention: identical tokens on {ada['identical_rows']} of {ada['rows']} rows, identical "
-           f"kept sets in {ada['identical_sets']} of {ada['sets']}",
-           f"KVzap: identical tokens on {zap['identical_rows']} of {zap['rows']} rows, identical kept sets in "
-           f"{zap['identical_sets']} of {zap['sets']}; each of the {zap['sets'] - zap['identical_sets']} sets")
+    states("results/crosscheck/observe/README.md", f"ExpectedAttention: {agreement(ea, ',')}",
+           f"AdaKV over ExpectedAttention: {agreement(ada, ',')}",
+           f"KVzap: {agreement(zap, ',')}; each of the {zap['sets'] - zap['identical_sets']} sets")
 
 
 def test_crosscheck_of_criticalkv():
-    s = json.loads((RESULTS / "crosscheck" / "critical" / "summary.json").read_text())
-    rows = {r["press"]: r for r in s["rows"]}
-    r, ea = rows["critical_snapkv"], rows["critical_expected_attention"]
-    assert all(x["ratio"] == 0.5 and x["identical_rows"] == x["rows"] == 16 for x in (r, ea))
-    states("docs/crosscheck.md", f"over ExpectedAttention (`use_vnorm` off, kvpress's row) identical tokens on "
-                                 f"{ea['identical_rows']} of {ea['rows']} rows and identical kept sets in "
-                                 f"{ea['identical_sets']} of {ea['sets']}; over SnapKV")
-    states("results/crosscheck/critical/README.md",
-           f"over ExpectedAttention: identical tokens on {ea['identical_rows']} of {ea['rows']} rows, identical kept "
-           f"sets in {ea['identical_sets']} of {ea['sets']}")
-    short = sorted(s["prompt_tokens"])[:2]
+    rows = crosscheck("critical")
+    r, ea = rows[("critical_snapkv", 0.5)], rows[("critical_expected_attention", 0.5)]
+    assert all(x["identical_rows"] == x["rows"] == 16 for x in (r, ea))
+    states("docs/crosscheck.md", f"over ExpectedAttention (`use_vnorm` off, kvpress's row) {agreement(ea)}; over SnapKV")
+    states("results/crosscheck/critical/README.md", f"over ExpectedAttention: {agreement(ea, ',')}")
+    short = sorted(json.loads((RESULTS / "crosscheck" / "critical" / "summary.json").read_text())["prompt_tokens"])[:2]
     first = [int(0.5 * n * 0.5) for n in short]
-    states("docs/crosscheck.md", f"identical tokens on {r['identical_rows']} of {r['rows']} rows and identical kept sets "
-                                 f"in {r['identical_sets']} of {r['sets']}; the {r['sets'] - r['identical_sets']} other "
-                                 f"sets are in the two shortest prompts, whose first stage ({first[0]} and {first[1]} "
-                                 "pairs) falls among the 64 window pairs' equal scores")
-    states("results/crosscheck/critical/README.md",
-           f"identical tokens on {r['identical_rows']} of {r['rows']} rows, identical kept sets in {r['identical_sets']} "
-           f"of {r['sets']}", f"the two shortest prompts ({short[1]} and {short[0]} tokens)",
+    states("docs/crosscheck.md", f"{agreement(r)}; the {r['sets'] - r['identical_sets']} other sets are in the two "
+                                 f"shortest prompts, whose first stage ({first[0]} and {first[1]} pairs) falls among "
+                                 "the 64 window pairs' equal scores")
+    states("results/crosscheck/critical/README.md", agreement(r, ","),
+           f"the two shortest prompts ({short[1]} and {short[0]} tokens)",
            f"int(0.5 x n x 0.5) = {first[1]} and {first[0]} pairs per head")
 
 
 def test_crosscheck_of_kvzip_plus():
-    (r,) = json.loads((RESULTS / "crosscheck" / "kvzip_plus" / "summary.json").read_text())["rows"]
+    (r,) = crosscheck("kvzip_plus").values()
     assert (r["press"], r["ratio"], r["identical_rows"], r["rows"]) == ("kvzip_plus", 0.5, 16, 16)
-    phrase = (f"identical tokens on {r['identical_rows']} of {r['rows']} rows and identical kept sets in "
-              f"{r['identical_sets']} of {r['sets']}")
-    states("docs/crosscheck.md", f"**KVzip+**, at compression 0.5 on the same 16 prompts: {phrase}")
-    states("results/crosscheck/kvzip_plus/README.md", phrase.replace(" rows and", " rows,"))
+    states("docs/crosscheck.md", f"**KVzip+**, at compression 0.5 on the same 16 prompts: {agreement(r)}")
+    states("results/crosscheck/kvzip_plus/README.md", agreement(r, ","))
 
 
 def test_crosscheck_of_duo_attention():
-    rows = json.loads((RESULTS / "crosscheck" / "duo" / "summary.json").read_text())["rows"]
-    by = {r["ratio"]: r for r in rows}
-    assert {r["press"] for r in rows} == {"duo_attention_on_the_fly"} and set(by) == {0.5, 0.75}
-    half, most = by[0.5], by[0.75]
+    rows = crosscheck("duo")
+    assert set(rows) == {("duo_attention_on_the_fly", 0.5), ("duo_attention_on_the_fly", 0.75)}
+    half, most = rows[("duo_attention_on_the_fly", 0.5)], rows[("duo_attention_on_the_fly", 0.75)]
     assert half["identical_rows"] == half["rows"] == 16
-    states("docs/crosscheck.md",
-           f"at a share of 0.5 streaming heads identical tokens on {half['identical_rows']} of {half['rows']} rows\n"
-           f"and identical kept sets in {half['identical_sets']} of {half['sets']}; at 0.75 identical tokens on "
-           f"{most['identical_rows']} of {most['rows']} rows and identical kept sets in {most['identical_sets']}\n"
-           f"of {most['sets']}")
-    states("results/crosscheck/duo/README.md",
-           f"at 0.5, identical\ntokens on {half['identical_rows']} of {half['rows']} rows, identical kept sets in "
-           f"{half['identical_sets']} of {half['sets']} (layer, KV head, row); at 0.75, identical tokens\non "
-           f"{most['identical_rows']} of {most['rows']} rows, identical kept sets in {most['identical_sets']} of "
-           f"{most['sets']}.")
+    states("docs/crosscheck.md", f"at a share of 0.5 streaming heads {agreement(half)}; at 0.75 {agreement(most)}")
+    states("results/crosscheck/duo/README.md", f"at 0.5, {agreement(half, ',')} (layer, KV head, row); at 0.75, "
+                                               f"{agreement(most, ',')}.")
 
 
 # ------------------------------------------------------------------------------------ docs/matrix.md
