@@ -583,11 +583,13 @@ def test_crosscheck_of_criticalkv():
            f"int(0.5 x n x 0.5) = {first[1]} and {first[0]} pairs per head")
 
 
-def test_crosscheck_of_kvzip_plus():
-    (r,) = crosscheck("kvzip_plus").values()
-    assert (r["press"], r["ratio"], r["identical_rows"], r["rows"]) == ("kvzip_plus", 0.5, 16, 16)
-    states("docs/crosscheck.md", f"**KVzip+**, at compression 0.5 on the same 16 prompts: {agreement(r)}")
-    states("results/crosscheck/kvzip_plus/README.md", agreement(r, ","))
+@pytest.mark.parametrize(("folder", "name"), [("kvzip", "KVzip"), ("kvzip_plus", "KVzip+")])
+def test_crosscheck_of_kvzip(folder, name):
+    (r,) = crosscheck(folder).values()
+    assert (r["press"], r["ratio"], r["identical_rows"], r["rows"]) == (folder, 0.5, 16, 16)
+    states("docs/crosscheck.md", f"**{name}**, at compression 0.5 on the same 16 prompts", agreement(r) +
+           f" ([results/crosscheck/{folder}](../results/crosscheck/{folder}/README.md)")
+    states(f"results/crosscheck/{folder}/README.md", agreement(r, ","))
 
 
 def test_crosscheck_of_duo_attention():
