@@ -24,6 +24,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+import cases  # noqa: E402  (this folder's: the presses both sides run only when named)
+
 from kvbench.engine import generate  # noqa: E402
 from kvbench.policies import (  # noqa: E402
     H2O,
@@ -97,6 +99,12 @@ ONLY = [p for p in os.environ.get("CROSSCHECK_PRESSES", "").split(",") if p]
 ONLY_RATIOS = [float(r) for r in os.environ.get("CROSSCHECK_RATIOS", "").split(",") if r]
 
 
+def chosen(press: str) -> bool:
+    """Whether `run` runs a press: those CROSSCHECK_PRESSES names, else every press but cases.py's, which kvpress's
+    side runs only when named (a plain `make crosscheck` would leave compare.py no kvpress output for them)."""
+    return press in ONLY if ONLY else press not in cases.PRESSES
+
+
 def load():
     from kvbench.models import load_gguf_package
 
@@ -134,7 +142,7 @@ def run(work: Path) -> None:
     for press in [p for p in ONLY if p not in COUNTERPARTS]:  # kvpress runs it; kvbench has no policy for it yet
         print(f"kvbench: no counterpart for {press}, skipped", flush=True)
     for press, sides in COUNTERPARTS.items():
-        if ONLY and press not in ONLY:
+        if not chosen(press):
             continue
         for label, make, why in sides:
             for ratio in [0.0] if press == "none" else [r for r in spec["ratios"] if not ONLY_RATIOS or r in ONLY_RATIOS]:
