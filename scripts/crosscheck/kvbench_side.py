@@ -105,6 +105,15 @@ def chosen(press: str) -> bool:
     return press in ONLY if ONLY else press not in cases.PRESSES
 
 
+def ratios_of(press: str, spec_ratios: list[float]) -> list[float]:
+    """The compression ratios a press runs at (those of CROSSCHECK_RATIOS among them): cases.py's presses at
+    cases.settings (0.25, 0.5, 0.75), as kvpress's side runs them, the others at ids.json's; the control at 0."""
+    if press == "none":
+        return [0.0]
+    return [r for r in (cases.settings(press) if press in cases.PRESSES else spec_ratios)
+            if not ONLY_RATIOS or r in ONLY_RATIOS]
+
+
 def load():
     from kvbench.models import load_gguf_package
 
@@ -145,7 +154,7 @@ def run(work: Path) -> None:
         if not chosen(press):
             continue
         for label, make, why in sides:
-            for ratio in [0.0] if press == "none" else [r for r in spec["ratios"] if not ONLY_RATIOS or r in ONLY_RATIOS]:
+            for ratio in ratios_of(press, spec["ratios"]):
                 path = out / f"{label.replace(' ', '_')}-{ratio}.json"
                 if path.exists():
                     continue
