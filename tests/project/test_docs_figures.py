@@ -602,6 +602,47 @@ def test_crosscheck_of_duo_attention():
                                                f"{agreement(most, ',')}.")
 
 
+def test_crosscheck_at_compression_0_75():
+    rows, doc, readme = crosscheck("ratios"), "docs/crosscheck.md", "results/crosscheck/ratios/README.md"
+    lens = json.loads((RESULTS / "crosscheck" / "ratios" / "summary.json").read_text())["prompt_tokens"]
+    for r in rows.values():  # compare.py's table, row by row
+        extra = r["rows_identical_or_ties"] - r["identical_rows"]
+        states("results/crosscheck/ratios/table.md", (
+            f"| {r['press'].replace('_', '_<wbr>')} | {r['kvbench'].replace('_', '_<wbr>')} | {r['ratio']:g} | "
+            f"{r['identical_rows']}/{r['rows']}{f' (+{extra} at ties)' if extra else ''} | "
+            f"{r['mean_common_prefix']:.3f} | {r['identical_sets']}/{r['sets']} |"))
+    same = [rows[(p, 0.75)] for p in ("expected_attention", "adakv_expected_attention", "critical_expected_attention",
+                                      "kvzip", "kvzip_plus")]
+    assert all(r["identical_rows"] == r["rows"] and r["identical_sets"] == r["sets"] for r in same)
+    states(doc, f"KVzip and KVzip+: {agreement(same[0])} each")
+    states(readme, f"KVzip and KVzip+ at 0.75: {agreement(same[0], ',')} each")
+    zap = rows[("kvzap_mlp_head", 0.75)]
+    assert zap["identical_rows"] == zap["rows"]
+    states(doc, f"KVzap {zap['identical_rows']} of {zap['rows']} rows, the {zap['sets'] - zap['identical_sets']} sets")
+    states(readme, f"KVzap at 0.75: {agreement(zap, ',')}; each of the {zap['sets'] - zap['identical_sets']} sets")
+    lag = rows[("lagkv", 0.75)]
+    tied = [int(i) for i in lag["diverged_rows"]]
+    assert set(lag["diverged_rows"].values()) == {"ties"}
+    # the budget under LagKV's pairs scored 1: 4 sinks, the last 128-pair partition and the tail after it
+    assert all(int(lens[i] * 0.25) < 4 + 128 + (lens[i] - 4) % 128 for i in tied)
+    states(doc, f"LagKV: identical tokens on {lag['identical_rows']} of {lag['rows']} rows. In the {len(tied)} others")
+    states(readme, f"LagKV at 0.75: identical tokens on {lag['identical_rows']} of {lag['rows']} rows. In each of the "
+                   f"{len(tied)} others", f"in row 3, {lens[3]} tokens, disjoint sets of {int(lens[3] * 0.25)} pairs")
+    short = sorted(range(len(lens)), key=lambda i: lens[i])[:2]  # the two shortest prompts
+    for press, name in (("critical_snapkv", "CriticalKV over SnapKV"), ("chunkkv", "ChunkKV over SnapKV")):
+        r = rows[(press, 0.75)]
+        assert sorted(map(int, r["diverged_rows"])) == sorted(short) and r["sets"] - r["identical_sets"] <= 2 * 90
+        states(doc, f"{name}: identical tokens on {r['identical_rows']} of {r['rows']} rows; every set of the other "
+                    f"{r['rows'] - 2} rows identical")
+        states(readme, f"{name} at 0.75: {agreement(r, ',')}; every set of the other {r['rows'] - 2} rows is identical.",
+               f"Rows {min(short)} and {max(short)}")
+    states(readme, f"keep {int(lens[short[1]] * 0.25)} and {int(lens[short[0]] * 0.25)} pairs, fewer than SnapKV's "
+                   f"64-pair window", f"the first stage ({int(lens[short[0]] * 0.25 * 0.5)} pairs)",
+           f"keep int({-(-lens[short[0]] // 20)} x 0.25) = {int(-(-lens[short[0]] // 20) * 0.25)} chunks")
+    states(doc, f"keep {int(lens[short[1]] * 0.25)} and {int(lens[short[0]] * 0.25)} pairs, fewer than SnapKV's 64-pair "
+                f"window", f"keep {int(-(-lens[short[0]] // 20) * 0.25)} chunks among the 3")
+
+
 # ------------------------------------------------------------------------------------ docs/matrix.md
 def test_matrix_counts():
     """The whole product's counts and the preflight pass's time from its record (tests/data/matrix_product.json,
