@@ -571,15 +571,15 @@ def test_crosscheck_of_criticalkv():
     rows = crosscheck("critical")
     r, ea = rows[("critical_snapkv", 0.5)], rows[("critical_expected_attention", 0.5)]
     assert all(x["identical_rows"] == x["rows"] == 16 for x in (r, ea))
-    states("docs/crosscheck.md", f"over ExpectedAttention (`use_vnorm` off, kvpress's row) {agreement(ea)}; over SnapKV")
-    states("results/crosscheck/critical/README.md", f"over ExpectedAttention: {agreement(ea, ',')}")
+    states("docs/crosscheck.md", f"over ExpectedAttention (`use_vnorm` off, kvpress's row) {agreement(ea)}; over "
+                                 f"SnapKV {agreement(r)} ([results/crosscheck/critical]")
+    states("results/crosscheck/critical/README.md", f"over ExpectedAttention: {agreement(ea, ',')}",
+           f"over SnapKV: {agreement(r, ',')}.")
     short = sorted(json.loads((RESULTS / "crosscheck" / "critical" / "summary.json").read_text())["prompt_tokens"])[:2]
-    first = [int(0.5 * n * 0.5) for n in short]
-    states("docs/crosscheck.md", f"{agreement(r)}; the {r['sets'] - r['identical_sets']} other sets are in the two "
-                                 f"shortest prompts, whose first stage ({first[0]} and {first[1]} pairs) falls among "
-                                 "the 64 window pairs' equal scores")
-    states("results/crosscheck/critical/README.md", agreement(r, ","),
-           f"the two shortest prompts ({short[1]} and {short[0]} tokens)",
+    first = [int(0.5 * n * 0.5) for n in short]  # before the fix: the two shortest prompts' first stage
+    states("docs/crosscheck.md", f"their first stage ({first[0]} and {first[1]} pairs) holds fewer pairs than the "
+                                 "64-pair window")
+    states("results/crosscheck/critical/README.md", f"the two shortest prompts ({short[1]} and {short[0]} tokens)",
            f"int(0.5 x n x 0.5) = {first[1]} and {first[0]} pairs per head")
 
 
