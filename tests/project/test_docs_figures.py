@@ -602,6 +602,26 @@ def test_crosscheck_of_duo_attention():
                                                f"{agreement(most, ',')}.")
 
 
+def test_crosscheck_at_compression_0_25():
+    rows, doc, readme = crosscheck("ratios"), "docs/crosscheck.md", "results/crosscheck/ratios/README.md"
+    same = [rows[(p, 0.25)] for p in ("expected_attention", "adakv_expected_attention", "critical_expected_attention",
+                                      "critical_snapkv", "chunkkv", "kvzip_plus")]
+    assert all(r["identical_rows"] == r["rows"] and r["identical_sets"] == r["sets"] for r in same)
+    states(doc, f"ChunkKV and KVzip+: identical tokens on {same[0]['identical_rows']} of {same[0]['rows']} rows and "
+                f"identical kept sets in {same[0]['identical_sets']} of {same[0]['sets']} each")
+    states(readme, f"ChunkKV and KVzip+: {agreement(same[0], ',')} each")
+    zap, lag = rows[("kvzap_mlp_head", 0.25)], rows[("lagkv", 0.25)]
+    assert zap["rows_identical_or_ties"] == lag["rows_identical_or_ties"] == 16  # every diverging row: at ties
+    states(doc, f"KVzap {zap['identical_rows']} of {zap['rows']} rows, LagKV {lag['identical_rows']} of {lag['rows']},")
+    states(readme, f"KVzap at 0.25: {agreement(zap, ',')}; each of the {zap['sets'] - zap['identical_sets']} sets",
+           f"LagKV at 0.25: identical tokens on {lag['identical_rows']} of {lag['rows']} rows;")
+    assert list(zap["diverged_rows"]) == ["0"]
+    assert {p for p, r in rows if r == 0.25} == {"expected_attention", "adakv_expected_attention", "kvzap_mlp_head",
+                                                 "critical_snapkv", "critical_expected_attention", "chunkkv", "lagkv",
+                                                 "kvzip_plus"}  # "at 0.25 all but KVzip and DuoAttention"
+    states(doc, "(at 0.25 all but KVzip and DuoAttention;")
+
+
 def test_crosscheck_at_compression_0_75():
     rows, doc, readme = crosscheck("ratios"), "docs/crosscheck.md", "results/crosscheck/ratios/README.md"
     lens = json.loads((RESULTS / "crosscheck" / "ratios" / "summary.json").read_text())["prompt_tokens"]
@@ -625,14 +645,14 @@ def test_crosscheck_at_compression_0_75():
     assert set(lag["diverged_rows"].values()) == {"ties"}
     # the budget under LagKV's pairs scored 1: 4 sinks, the last 128-pair partition and the tail after it
     assert all(int(lens[i] * 0.25) < 4 + 128 + (lens[i] - 4) % 128 for i in tied)
-    states(doc, f"LagKV: identical tokens on {lag['identical_rows']} of {lag['rows']} rows. In the {len(tied)} others")
+    states(doc, f"LagKV at 0.75: identical tokens on {lag['identical_rows']} of {lag['rows']} rows. In the {len(tied)} others")
     states(readme, f"LagKV at 0.75: identical tokens on {lag['identical_rows']} of {lag['rows']} rows. In each of the "
                    f"{len(tied)} others", f"in row 3, {lens[3]} tokens, disjoint sets of {int(lens[3] * 0.25)} pairs")
     short = sorted(range(len(lens)), key=lambda i: lens[i])[:2]  # the two shortest prompts
     for press, name in (("critical_snapkv", "CriticalKV over SnapKV"), ("chunkkv", "ChunkKV over SnapKV")):
         r = rows[(press, 0.75)]
         assert sorted(map(int, r["diverged_rows"])) == sorted(short) and r["sets"] - r["identical_sets"] <= 2 * 90
-        states(doc, f"{name}: identical tokens on {r['identical_rows']} of {r['rows']} rows; every set of the other "
+        states(doc, f"{name} at 0.75: identical tokens on {r['identical_rows']} of {r['rows']} rows; every set of the other "
                     f"{r['rows'] - 2} rows identical")
         states(readme, f"{name} at 0.75: {agreement(r, ',')}; every set of the other {r['rows'] - 2} rows is identical.",
                f"Rows {min(short)} and {max(short)}")
