@@ -283,11 +283,11 @@ def snapkv_scores(ref: ReferenceModel, pairs_per_head: list[list[Pair]], history
 
 
 def chunkkv_scores(ref, heads: list[list[Pair]], spec: Spec, last: int, history) -> list[list[float]]:
-    """ChunkKV over SnapKV: SnapKV's scores, its window's pairs raised to the layer's largest score (kvpress's
+    """ChunkKV over SnapKV: SnapKV's scores, its window's pairs raised to the layer's largest score + 1 (kvpress's
     SnapKVPress); summed over the KV heads; a chunk (`spec.chunk` pairs from the first, the last partial) scores
     its pairs' mean, the newest chunk infinity; every pair its chunk's score. Shorter than a chunk: SnapKV's."""
     inner = snapkv_scores(ref, heads, history, spec)
-    top = max(v for row in inner for v in row)
+    top = max(v for row in inner for v in row) + 1.0  # kvpress: F.pad(..., value=scores.max().item() + 1)
     inner = [[top if pr.pos > last - spec.window else v for pr, v in zip(pairs, row, strict=True)]
              for pairs, row in zip(heads, inner, strict=True)]
     n, c = len(heads[0]), spec.chunk
@@ -301,12 +301,12 @@ def chunkkv_scores(ref, heads: list[list[Pair]], spec: Spec, last: int, history)
 
 def critical_scores(ref, layer: int, heads: list[list[Pair]], spec: Spec, last: int, history) -> list[list[float]]:
     """CriticalKV over SnapKV (kvpress's CriticalKVPress(SnapKVPress())): SnapKV's scores, its window's pairs
-    raised to the layer's largest; each head's int(kv_size x 0.5) best (at least 1; equal scores: the older) score
+    raised to the layer's largest + 1; each head's int(kv_size x 0.5) best (at least 1; equal scores: the older) score
     the float32 maximum, the others (score + 1e-4) x the mean over the group of ||W_O^(hq) v||_1."""
     from tests.reference_methods import value_out_norm
 
     inner = snapkv_scores(ref, heads, history, spec)
-    top = max(v for row in inner for v in row)
+    top = max(v for row in inner for v in row) + 1.0  # kvpress: F.pad(..., value=scores.max().item() + 1)
     inner = [[top if pr.pos > last - spec.window else v for pr, v in zip(pairs, row, strict=True)]
              for pairs, row in zip(heads, inner, strict=True)]
     big, first = float(torch.finfo(torch.float32).max), max(1, int(spec.kv_size * 0.5))

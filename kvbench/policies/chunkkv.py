@@ -6,7 +6,8 @@ From the first pair the prompt forms chunks of `chunk_length` (the last one part
 pair is summed over the KV heads (every head keeps the same chunks), a chunk's score is its pairs' mean, and the
 best chunks are kept whole: the sample's budget is a number of chunks (kvbench/budgets/chunk_layers.py, the
 count the cache and the memory account use). The pairs the inner policy protects (SnapKV's observation window)
-score the layer's largest inner score, as kvpress's SnapKVPress gives its window. A prompt shorter than one chunk
+score the layer's largest inner score + 1, as kvpress's SnapKVPress gives its window (so a chunk holding some of
+the window outranks the chunks without). A prompt shorter than one chunk
 is the inner policy's own (kvpress: the inner press's compress). The inner policy's knobs are its defaults or
 `inner_args` (`+policy.inner_args.window=32`), and read through this one (`policy.window` is SnapKV's).
 

@@ -6,7 +6,7 @@ budget by the inner score alone (int((1 - compression_ratio) x n x first_stage_r
 kv_size or kv_ratio: int(budget x first_stage_ratio)); every other pair scores (inner + epsilon) x the mean over
 the KV group's query heads of ||W_O^(h) v||_1 (the L1 norm of the value through that query head's o_proj
 columns). The pairs the inner policy protects (SnapKV's observation window) score the layer's largest inner
-score, as kvpress's SnapKVPress gives its window. `critical_expected_attention`: inner=expected_attention with
+score + 1, as kvpress's SnapKVPress gives its window. `critical_expected_attention`: inner=expected_attention with
 `+policy.inner_args.use_vnorm=false` (kvpress's row).
 
 Departures (in `extensions`): equal inner scores enter the first stage older first (kvpress: topk's order).

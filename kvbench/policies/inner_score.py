@@ -4,7 +4,8 @@
 schedules, adaptive head budgets), and what the wrapper hands to the inner policy (`Wraps`). `build_inner` checks
 `policy.inner` / `policy.inner_args` and makes the inner policy (schedule after_prefill, its own knobs at their
 defaults unless given); `raised_score` is its score with the pairs it protects (SnapKV's observation window,
-sinks) raised to the layer's largest score, as kvpress's SnapKVPress gives its window.
+sinks) raised to the layer's largest score + 1, as kvpress's SnapKVPress gives its window (and its
+ExpectedAttentionPress its sinks).
 """
 
 from collections.abc import Mapping
@@ -39,7 +40,7 @@ def build_inner(policy, not_inner: tuple[str, ...], who: str) -> Policy:
 
 
 def raised_score(inner: Policy, stats: ScoreContext) -> tuple[torch.Tensor, torch.Tensor]:
-    """((L, B, H, N) float32 inner score, the pairs it protects raised to the layer's largest real score;
+    """((L, B, H, N) float32 inner score, the pairs it protects raised to the layer's largest real score + 1;
     (1, B, 1, N) bool real slots)."""
     g = inner.score(stats).float()  # (L, B, H, N)
     N = g.shape[-1]
@@ -47,7 +48,7 @@ def raised_score(inner: Policy, stats: ScoreContext) -> tuple[torch.Tensor, torc
     recent = inner.protect_recent or 0
     held = (stats.pos < inner.protect_first) | (stats.pos > stats.last - recent)  # the inner's protected pairs
     top = g.masked_fill(~real, float("-inf")).amax(dim=(2, 3), keepdim=True)  # (L, B, 1, 1)
-    return torch.where(held & real, top, g), real
+    return torch.where(held & real, top + 1.0, g), real  # kvpress: F.pad(scores, ..., value=scores.max().item() + 1)
 
 
 class Wraps:

@@ -24,6 +24,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+import cases  # noqa: E402  (this folder's: the presses both sides run only when named)
+
 from kvbench.engine import generate  # noqa: E402
 from kvbench.policies import (  # noqa: E402
     H2O,
@@ -100,6 +102,21 @@ ONLY = [p for p in os.environ.get("CROSSCHECK_PRESSES", "").split(",") if p]
 ONLY_RATIOS = [float(r) for r in os.environ.get("CROSSCHECK_RATIOS", "").split(",") if r]
 
 
+def chosen(press: str) -> bool:
+    """Whether `run` runs a press: those CROSSCHECK_PRESSES names, else every press but cases.py's, which kvpress's
+    side runs only when named (a plain `make crosscheck` would leave compare.py no kvpress output for them)."""
+    return press in ONLY if ONLY else press not in cases.PRESSES
+
+
+def ratios_of(press: str, spec_ratios: list[float]) -> list[float]:
+    """The compression ratios a press runs at (those of CROSSCHECK_RATIOS among them): cases.py's presses at
+    cases.settings (0.25, 0.5, 0.75), as kvpress's side runs them, the others at ids.json's; the control at 0."""
+    if press == "none":
+        return [0.0]
+    return [r for r in (cases.settings(press) if press in cases.PRESSES else spec_ratios)
+            if not ONLY_RATIOS or r in ONLY_RATIOS]
+
+
 def load():
     from kvbench.models import load_gguf_package
 
@@ -127,13 +144,6 @@ def prompts(work: Path, data_dir: str) -> None:
     print(f"{len(ids)} prompts, {min(map(len, ids))}-{max(map(len, ids))} tokens", flush=True)
 
 
-def settings(press: str, spec: dict) -> list[float]:
-    """The values a press runs at: the work folder's compression ratios, or a DMS press's thresholds (cases.py)."""
-    import cases  # this folder's
-
-    return list(cases.DMS_THRESHOLDS) if cases.PRESSES.get(press, ("",))[0] == "DMSPress" else spec["ratios"]
-
-
 def run(work: Path) -> None:
     spec = json.loads((work / "ids.json").read_text())
     WORK["dir"] = work
@@ -144,10 +154,10 @@ def run(work: Path) -> None:
     for press in [p for p in ONLY if p not in COUNTERPARTS]:  # kvpress runs it; kvbench has no policy for it yet
         print(f"kvbench: no counterpart for {press}, skipped", flush=True)
     for press, sides in COUNTERPARTS.items():
-        if ONLY and press not in ONLY:
+        if not chosen(press):
             continue
         for label, make, why in sides:
-            for ratio in [0.0] if press == "none" else [r for r in settings(press, spec) if not ONLY_RATIOS or r in ONLY_RATIOS]:
+            for ratio in ratios_of(press, spec["ratios"]):
                 path = out / f"{label.replace(' ', '_')}-{ratio}.json"
                 if path.exists():
                     continue

@@ -4,7 +4,10 @@ refuses, and that the inner policy is any registered one."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
+import torch
 
 from kvbench import budgets
 from kvbench.errors import ConfigError
@@ -38,6 +41,27 @@ def test_refusals_name_their_key(keys):
     with pytest.raises(ConfigError) as e:
         ChunkKV(**keys)
     assert e.value.key == f"policy.{next(iter(keys))}"
+
+
+def test_a_chunk_holding_window_pairs_ranks_as_kvpresss():
+    """kvpress's SnapKVPress scores its window the layer's largest score + 1 (`F.pad(..., value=scores.max().item()
+    + 1)`), so under ChunkKVPress a chunk holding some window pairs outranks an older chunk of high scores. Chunks of
+    4 over 12 pairs, the newest 6 protected (a stub inner scorer): pairs 0-3 score 0.9, 4-5 0.1, the window 0.
+    kvpress keeps int(3 x (1 - 0.25)) = 2 chunks: 8-11 and 4-7, whose mean is (0.1 + 0.1 + 1.9 + 1.9) / 4 = 1.0 > 0.9
+    (with the window at the largest score alone it would be 0.5 and chunk 0-3 kept instead)."""
+
+    class Inner:  # protects its newest 6 pairs, as SnapKV its window
+        protect_first, protect_recent = 0, 6
+
+        def score(self, stats):
+            return torch.tensor([0.9] * 4 + [0.1] * 2 + [0.0] * 6).view(1, 1, 1, 12)  # (L, B, H, N)
+
+    policy = ChunkKV(compression_ratio=0.25, chunk_length=4)
+    policy._inner = Inner()
+    stats = SimpleNamespace(pos=torch.arange(12).view(1, 1, 1, 12), last=torch.full((1, 1, 1, 1), 11),
+                            n=torch.full((1, 1, 1, 1), 12))
+    chunk = policy.score(stats)[0, 0, 0, ::4]  # each chunk's score: 0-3, 4-7, 8-11 (the newest: always kept)
+    assert chunk[:2].tolist() == pytest.approx([0.9, 1.0]) and chunk[2] == float("inf")
 
 
 def test_any_registered_scorer_ranks_the_chunks():

@@ -527,73 +527,69 @@ def test_crosscheck_table_and_prose():
            f"{frac(('pyramidkv', 'pyramidkv', 0.5))} after at 0.5")
 
 
+@cache
+def crosscheck(folder: str) -> dict[tuple[str, float], dict]:
+    """A committed cross-check folder's rows (compare.py's summary.json), by (kvpress press, ratio)."""
+    rows = json.loads((RESULTS / "crosscheck" / folder / "summary.json").read_text())["rows"]
+    return {(r["press"], r["ratio"]): r for r in rows}
+
+
+def agreement(r: dict, sep: str = " and") -> str:
+    """A row's agreement as the docs state it; sep "," as the folders' READMEs write it."""
+    return (f"identical tokens on {r['identical_rows']} of {r['rows']} rows{sep} identical kept sets in "
+            f"{r['identical_sets']} of {r['sets']}")
+
+
 def test_crosscheck_of_lagkv_and_chunkkv():
-    s = json.loads((RESULTS / "crosscheck" / "keys" / "summary.json").read_text())
-    rows = {r["press"]: r for r in s["rows"]}
-    chunk, lag = rows["chunkkv"], rows["lagkv"]
+    rows = crosscheck("keys")
+    chunk, lag = rows[("chunkkv", 0.5)], rows[("lagkv", 0.5)]
     tied = sorted(map(int, lag["diverged_rows"]))
     assert set(lag["diverged_rows"].values()) == {"ties"}
     assert lag["rows_identical_or_ties"] == lag["rows"] == chunk["identical_rows"] == 16
-    states("docs/crosscheck.md", f"identical tokens on {chunk['identical_rows']} of {chunk['rows']} rows and identical "
-                                 f"kept sets in {chunk['identical_sets']} of {chunk['sets']}; LagKV on "
-                                 f"{lag['identical_rows']} of {lag['rows']}, the other {lag['rows'] - lag['identical_rows']}")
-    states("results/crosscheck/keys/README.md",
-           f"identical tokens on {chunk['identical_rows']} of {chunk['rows']} rows, identical kept sets in "
-           f"{chunk['identical_sets']} of {chunk['sets']}",
+    states("docs/crosscheck.md", f"{agreement(chunk)}; LagKV on {lag['identical_rows']} of {lag['rows']}, the other "
+                                 f"{lag['rows'] - lag['identical_rows']}")
+    states("results/crosscheck/keys/README.md", agreement(chunk, ","),
            f"identical tokens on {lag['identical_rows']} of {lag['rows']} rows; rows "
            f"{', '.join(map(str, tied[:-1]))} and {tied[-1]} differ")
 
 
 def test_crosscheck_of_the_observe_step_policies():
-    s = json.loads((RESULTS / "crosscheck" / "observe" / "summary.json").read_text())
-    rows = {r["press"]: r for r in s["rows"]}
-    ea, ada, zap = rows["expected_attention"], rows["adakv_expected_attention"], rows["kvzap_mlp_head"]
-    assert all(r["identical_rows"] == r["rows"] == 16 and r["ratio"] == 0.5 for r in (ea, ada, zap))
+    rows = crosscheck("observe")
+    ea, ada, zap = (rows[(p, 0.5)] for p in ("expected_attention", "adakv_expected_attention", "kvzap_mlp_head"))
+    assert all(r["identical_rows"] == r["rows"] == 16 for r in (ea, ada, zap))
     states("docs/crosscheck.md",
-           f"ExpectedAttention gives identical tokens on {ea['identical_rows']} of {ea['rows']} rows and identical kept "
-           f"sets in {ea['identical_sets']} of {ea['sets']}; AdaKV over ExpectedAttention (the leaderboard's epsilon "
+           f"ExpectedAttention gives {agreement(ea)}; AdaKV over ExpectedAttention (the leaderboard's epsilon "
            f"0.01) {ada['identical_rows']} of {ada['rows']} and {ada['identical_sets']} of {ada['sets']}; KVzap (the "
            f"same random MLP scorer on both sides) {zap['identical_rows']} of {zap['rows']} and {zap['identical_sets']} "
            f"of {zap['sets']}")
-    states("results/crosscheck/observe/README.md",
-           f"ExpectedAttention: identical tokens on {ea['identical_rows']} of {ea['rows']} rows, identical kept sets in "
-           f"{ea['identical_sets']} of {ea['sets']}",
-           f"AdaKV over ExpectedAttention: identical tokens on {ada['identical_rows']} of {ada['rows']} rows, identical "
-           f"kept sets in {ada['identical_sets']} of {ada['sets']}",
-           f"KVzap: identical tokens on {zap['identical_rows']} of {zap['rows']} rows, identical kept sets in "
-           f"{zap['identical_sets']} of {zap['sets']}; each of the {zap['sets'] - zap['identical_sets']} sets")
+    states("results/crosscheck/observe/README.md", f"ExpectedAttention: {agreement(ea, ',')}",
+           f"AdaKV over ExpectedAttention: {agreement(ada, ',')}",
+           f"KVzap: {agreement(zap, ',')}; each of the {zap['sets'] - zap['identical_sets']} sets")
 
 
 def test_crosscheck_of_criticalkv():
-    s = json.loads((RESULTS / "crosscheck" / "critical" / "summary.json").read_text())
-    rows = {r["press"]: r for r in s["rows"]}
-    r, ea = rows["critical_snapkv"], rows["critical_expected_attention"]
-    assert all(x["ratio"] == 0.5 and x["identical_rows"] == x["rows"] == 16 for x in (r, ea))
-    states("docs/crosscheck.md", f"over ExpectedAttention (`use_vnorm` off, kvpress's row) identical tokens on "
-                                 f"{ea['identical_rows']} of {ea['rows']} rows and identical kept sets in "
-                                 f"{ea['identical_sets']} of {ea['sets']}; over SnapKV")
-    states("results/crosscheck/critical/README.md",
-           f"over ExpectedAttention: identical tokens on {ea['identical_rows']} of {ea['rows']} rows, identical kept "
-           f"sets in {ea['identical_sets']} of {ea['sets']}")
-    short = sorted(s["prompt_tokens"])[:2]
-    first = [int(0.5 * n * 0.5) for n in short]
-    states("docs/crosscheck.md", f"identical tokens on {r['identical_rows']} of {r['rows']} rows and identical kept sets "
-                                 f"in {r['identical_sets']} of {r['sets']}; the {r['sets'] - r['identical_sets']} other "
-                                 f"sets are in the two shortest prompts, whose first stage ({first[0]} and {first[1]} "
-                                 "pairs) falls among the 64 window pairs' equal scores")
-    states("results/crosscheck/critical/README.md",
-           f"identical tokens on {r['identical_rows']} of {r['rows']} rows, identical kept sets in {r['identical_sets']} "
-           f"of {r['sets']}", f"the two shortest prompts ({short[1]} and {short[0]} tokens)",
+    rows = crosscheck("critical")
+    r, ea = rows[("critical_snapkv", 0.5)], rows[("critical_expected_attention", 0.5)]
+    assert all(x["identical_rows"] == x["rows"] == 16 for x in (r, ea))
+    states("docs/crosscheck.md", f"over ExpectedAttention (`use_vnorm` off, kvpress's row) {agreement(ea)}; over "
+                                 f"SnapKV {agreement(r)} ([results/crosscheck/critical]")
+    states("results/crosscheck/critical/README.md", f"over ExpectedAttention: {agreement(ea, ',')}",
+           f"over SnapKV: {agreement(r, ',')}.")
+    short = sorted(json.loads((RESULTS / "crosscheck" / "critical" / "summary.json").read_text())["prompt_tokens"])[:2]
+    first = [int(0.5 * n * 0.5) for n in short]  # before the fix: the two shortest prompts' first stage
+    states("docs/crosscheck.md", f"their first stage ({first[0]} and {first[1]} pairs) holds fewer pairs than the "
+                                 "64-pair window")
+    states("results/crosscheck/critical/README.md", f"the two shortest prompts ({short[1]} and {short[0]} tokens)",
            f"int(0.5 x n x 0.5) = {first[1]} and {first[0]} pairs per head")
 
 
-def test_crosscheck_of_kvzip_plus():
-    (r,) = json.loads((RESULTS / "crosscheck" / "kvzip_plus" / "summary.json").read_text())["rows"]
-    assert (r["press"], r["ratio"], r["identical_rows"], r["rows"]) == ("kvzip_plus", 0.5, 16, 16)
-    phrase = (f"identical tokens on {r['identical_rows']} of {r['rows']} rows and identical kept sets in "
-              f"{r['identical_sets']} of {r['sets']}")
-    states("docs/crosscheck.md", f"**KVzip+**, at compression 0.5 on the same 16 prompts: {phrase}")
-    states("results/crosscheck/kvzip_plus/README.md", phrase.replace(" rows and", " rows,"))
+@pytest.mark.parametrize(("folder", "name"), [("kvzip", "KVzip"), ("kvzip_plus", "KVzip+")])
+def test_crosscheck_of_kvzip(folder, name):
+    (r,) = crosscheck(folder).values()
+    assert (r["press"], r["ratio"], r["identical_rows"], r["rows"]) == (folder, 0.5, 16, 16)
+    states("docs/crosscheck.md", f"**{name}**, at compression 0.5 on the same 16 prompts", agreement(r) +
+           f" ([results/crosscheck/{folder}](../results/crosscheck/{folder}/README.md)")
+    states(f"results/crosscheck/{folder}/README.md", agreement(r, ","))
 
 
 def test_crosscheck_of_kvzap_by_threshold():
@@ -610,21 +606,74 @@ def test_crosscheck_of_kvzap_by_threshold():
 
 
 def test_crosscheck_of_duo_attention():
-    rows = json.loads((RESULTS / "crosscheck" / "duo" / "summary.json").read_text())["rows"]
-    by = {r["ratio"]: r for r in rows}
-    assert {r["press"] for r in rows} == {"duo_attention_on_the_fly"} and set(by) == {0.5, 0.75}
-    half, most = by[0.5], by[0.75]
+    rows = crosscheck("duo")
+    assert set(rows) == {("duo_attention_on_the_fly", 0.5), ("duo_attention_on_the_fly", 0.75)}
+    half, most = rows[("duo_attention_on_the_fly", 0.5)], rows[("duo_attention_on_the_fly", 0.75)]
     assert half["identical_rows"] == half["rows"] == 16
-    states("docs/crosscheck.md",
-           f"at a share of 0.5 streaming heads identical tokens on {half['identical_rows']} of {half['rows']} rows\n"
-           f"and identical kept sets in {half['identical_sets']} of {half['sets']}; at 0.75 identical tokens on "
-           f"{most['identical_rows']} of {most['rows']} rows and identical kept sets in {most['identical_sets']}\n"
-           f"of {most['sets']}")
-    states("results/crosscheck/duo/README.md",
-           f"at 0.5, identical\ntokens on {half['identical_rows']} of {half['rows']} rows, identical kept sets in "
-           f"{half['identical_sets']} of {half['sets']} (layer, KV head, row); at 0.75, identical tokens\non "
-           f"{most['identical_rows']} of {most['rows']} rows, identical kept sets in {most['identical_sets']} of "
-           f"{most['sets']}.")
+    states("docs/crosscheck.md", f"at a share of 0.5 streaming heads {agreement(half)}; at 0.75 {agreement(most)}")
+    states("results/crosscheck/duo/README.md", f"at 0.5, {agreement(half, ',')} (layer, KV head, row); at 0.75, "
+                                               f"{agreement(most, ',')}.")
+
+
+def test_crosscheck_at_compression_0_25():
+    rows, doc, readme = crosscheck("ratios"), "docs/crosscheck.md", "results/crosscheck/ratios/README.md"
+    same = [rows[(p, 0.25)] for p in ("expected_attention", "adakv_expected_attention", "critical_expected_attention",
+                                      "critical_snapkv", "chunkkv", "kvzip_plus")]
+    assert all(r["identical_rows"] == r["rows"] and r["identical_sets"] == r["sets"] for r in same)
+    states(doc, f"ChunkKV and KVzip+: identical tokens on {same[0]['identical_rows']} of {same[0]['rows']} rows and "
+                f"identical kept sets in {same[0]['identical_sets']} of {same[0]['sets']} each")
+    states(readme, f"ChunkKV and KVzip+: {agreement(same[0], ',')} each")
+    zap, lag = rows[("kvzap_mlp_head", 0.25)], rows[("lagkv", 0.25)]
+    assert zap["rows_identical_or_ties"] == lag["rows_identical_or_ties"] == 16  # every diverging row: at ties
+    states(doc, f"KVzap {zap['identical_rows']} of {zap['rows']} rows, LagKV {lag['identical_rows']} of {lag['rows']},")
+    states(readme, f"KVzap at 0.25: {agreement(zap, ',')}; each of the {zap['sets'] - zap['identical_sets']} sets",
+           f"LagKV at 0.25: identical tokens on {lag['identical_rows']} of {lag['rows']} rows;")
+    assert list(zap["diverged_rows"]) == ["0"]
+    assert {p for p, r in rows if r == 0.25} == {"expected_attention", "adakv_expected_attention", "kvzap_mlp_head",
+                                                 "critical_snapkv", "critical_expected_attention", "chunkkv", "lagkv",
+                                                 "kvzip_plus"}  # "at 0.25 all but KVzip and DuoAttention"
+    states(doc, "(at 0.25 all but KVzip and DuoAttention;")
+
+
+def test_crosscheck_at_compression_0_75():
+    rows, doc, readme = crosscheck("ratios"), "docs/crosscheck.md", "results/crosscheck/ratios/README.md"
+    lens = json.loads((RESULTS / "crosscheck" / "ratios" / "summary.json").read_text())["prompt_tokens"]
+    for r in rows.values():  # compare.py's table, row by row
+        extra = r["rows_identical_or_ties"] - r["identical_rows"]
+        states("results/crosscheck/ratios/table.md", (
+            f"| {r['press'].replace('_', '_<wbr>')} | {r['kvbench'].replace('_', '_<wbr>')} | {r['ratio']:g} | "
+            f"{r['identical_rows']}/{r['rows']}{f' (+{extra} at ties)' if extra else ''} | "
+            f"{r['mean_common_prefix']:.3f} | {r['identical_sets']}/{r['sets']} |"))
+    same = [rows[(p, 0.75)] for p in ("expected_attention", "adakv_expected_attention", "critical_expected_attention",
+                                      "kvzip", "kvzip_plus")]
+    assert all(r["identical_rows"] == r["rows"] and r["identical_sets"] == r["sets"] for r in same)
+    states(doc, f"KVzip and KVzip+: {agreement(same[0])} each")
+    states(readme, f"KVzip and KVzip+ at 0.75: {agreement(same[0], ',')} each")
+    zap = rows[("kvzap_mlp_head", 0.75)]
+    assert zap["identical_rows"] == zap["rows"]
+    states(doc, f"KVzap {zap['identical_rows']} of {zap['rows']} rows, the {zap['sets'] - zap['identical_sets']} sets")
+    states(readme, f"KVzap at 0.75: {agreement(zap, ',')}; each of the {zap['sets'] - zap['identical_sets']} sets")
+    lag = rows[("lagkv", 0.75)]
+    tied = [int(i) for i in lag["diverged_rows"]]
+    assert set(lag["diverged_rows"].values()) == {"ties"}
+    # the budget under LagKV's pairs scored 1: 4 sinks, the last 128-pair partition and the tail after it
+    assert all(int(lens[i] * 0.25) < 4 + 128 + (lens[i] - 4) % 128 for i in tied)
+    states(doc, f"LagKV at 0.75: identical tokens on {lag['identical_rows']} of {lag['rows']} rows. In the {len(tied)} others")
+    states(readme, f"LagKV at 0.75: identical tokens on {lag['identical_rows']} of {lag['rows']} rows. In each of the "
+                   f"{len(tied)} others", f"in row 3, {lens[3]} tokens, disjoint sets of {int(lens[3] * 0.25)} pairs")
+    short = sorted(range(len(lens)), key=lambda i: lens[i])[:2]  # the two shortest prompts
+    for press, name in (("critical_snapkv", "CriticalKV over SnapKV"), ("chunkkv", "ChunkKV over SnapKV")):
+        r = rows[(press, 0.75)]
+        assert sorted(map(int, r["diverged_rows"])) == sorted(short) and r["sets"] - r["identical_sets"] <= 2 * 90
+        states(doc, f"{name} at 0.75: identical tokens on {r['identical_rows']} of {r['rows']} rows; every set of the other "
+                    f"{r['rows'] - 2} rows identical")
+        states(readme, f"{name} at 0.75: {agreement(r, ',')}; every set of the other {r['rows'] - 2} rows is identical.",
+               f"Rows {min(short)} and {max(short)}")
+    states(readme, f"keep {int(lens[short[1]] * 0.25)} and {int(lens[short[0]] * 0.25)} pairs, fewer than SnapKV's "
+                   f"64-pair window", f"the first stage ({int(lens[short[0]] * 0.25 * 0.5)} pairs)",
+           f"keep int({-(-lens[short[0]] // 20)} x 0.25) = {int(-(-lens[short[0]] // 20) * 0.25)} chunks")
+    states(doc, f"keep {int(lens[short[1]] * 0.25)} and {int(lens[short[0]] * 0.25)} pairs, fewer than SnapKV's 64-pair "
+                f"window", f"keep {int(-(-lens[short[0]] // 20) * 0.25)} chunks among the 3")
 
 
 # ------------------------------------------------------------------------------------ docs/matrix.md
