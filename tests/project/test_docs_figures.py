@@ -576,7 +576,7 @@ def test_crosscheck_of_criticalkv():
     states("results/crosscheck/critical/README.md", f"over ExpectedAttention: {agreement(ea, ',')}",
            f"over SnapKV: {agreement(r, ',')}.")
     short = sorted(json.loads((RESULTS / "crosscheck" / "critical" / "summary.json").read_text())["prompt_tokens"])[:2]
-    first = [int(0.5 * n * 0.5) for n in short]  # before the fix: the two shortest prompts' first stage
+    first = [int(0.5 * n * 0.5) for n in short]  # the two shortest prompts' first stage
     states("docs/crosscheck.md", f"their first stage ({first[0]} and {first[1]} pairs) holds fewer pairs than the "
                                  "64-pair window")
     states("results/crosscheck/critical/README.md", f"the two shortest prompts ({short[1]} and {short[0]} tokens)",
