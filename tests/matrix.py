@@ -211,7 +211,8 @@ def write_mirror(root: Path) -> Path:
 
 
 # policies defined only as one compression of the whole prompt (docs/policies.md says why for each)
-AFTER_PREFILL_ONLY = ("lagkv", "chunkkv", "critical")
+AFTER_PREFILL_ONLY = ("lagkv", "chunkkv", "critical", "compactor")
+WHOLE_PROMPT = tuple(n for n, c in registry().items() if c.whole_prompt)  # scored in the prompt's one forward
 HEAD_PATTERN = ("duo_attention",)  # a fixed per-(layer, KV head) budget: no kv_size / kv_ratio (docs/policies.md)
 
 
@@ -229,6 +230,8 @@ def violations(c: Combo) -> list[tuple[str, ...]]:
         out.append((f"policy.{c.budget}",))  # it keeps one pair, whatever the prompt
     if c.policy in AFTER_PREFILL_ONLY and c.schedule != "after_prefill":
         out.append(("policy.schedule",))  # its rule reads the whole prompt at once
+    if c.policy in WHOLE_PROMPT and c.serving and c.evicts:
+        out.append(("mode",))  # serving prefills a request in chunks: Compactor scores the prompt's one forward
     if c.policy in ("chunkkv", "critical") and c.head_budget == "adaptive":
         out.append(("policy.head_budget",))  # ChunkKV: every KV head keeps the same chunks; CriticalAdaKV: another rule
     if c.policy == "pyramidkv" and c.rerotate:
