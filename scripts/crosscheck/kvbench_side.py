@@ -24,12 +24,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+import cases  # noqa: E402 (this folder)
+
 from kvbench.engine import generate  # noqa: E402
 from kvbench.policies import (  # noqa: E402
     H2O,
     TOVA,
     BatchMax,
     ChunkKV,
+    Compactor,
     Critical,
     DuoAttention,
     ExpectedAttention,
@@ -86,6 +89,8 @@ COUNTERPARTS = {
         compression_ratio=r, schedule=AP, inner="expected_attention", inner_args={"use_vnorm": False}), None)],
     "kvzap_mlp_head": [("kvzap", lambda r: KVzap(compression_ratio=r, schedule=AP, scorer=str(WORK["dir"] / "kvzap-mlp")),
                         None)],  # the random MLP scorer both sides load from the work folder (kvpress's Hub layout)
+    # the sketch: layer l's is the l-th draw of a generator seeded as kvpress's global one (cases.SKETCH_SEED = 0)
+    "compactor": [("compactor", lambda r: Compactor(compression_ratio=r, schedule=AP, seed=0), None)],
     # the share of streaming heads; the head scores calibrated on the texts kvpress's side calibrated on (its
     # BookSum replaced by the first 50 CNN/DM validation articles, WORK/calibration.json, cases.DUO_TEXTS)
     "duo_attention_on_the_fly": [("duo_attention", lambda r: DuoAttention(
@@ -137,7 +142,8 @@ def run(work: Path) -> None:
         if ONLY and press not in ONLY:
             continue
         for label, make, why in sides:
-            for ratio in [0.0] if press == "none" else [r for r in spec["ratios"] if not ONLY_RATIOS or r in ONLY_RATIOS]:
+            every = cases.settings(press) if press in cases.PRESSES else spec["ratios"]  # the new presses: 3 ratios
+            for ratio in [0.0] if press == "none" else [r for r in every if not ONLY_RATIOS or r in ONLY_RATIOS]:
                 path = out / f"{label.replace(' ', '_')}-{ratio}.json"
                 if path.exists():
                     continue
