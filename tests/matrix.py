@@ -63,6 +63,7 @@ AXES = {
 KV_SIZE, KV_RATIO, COMPRESSION_RATIO, EVICT_EVERY, NEW_TOKENS, SAMPLES, WINDOW = 48, 0.5, 0.75, 8, 6, 3, 16
 QUANT_GROUP = 16  # gen.kv_quant_group and _residual of a quantized combination: the tiny models' head size
 PROMPT_TOKENS, LAYERS, BLOCK = (161, 214, 273), 2, 16  # QUESTIONS' prompts; both tiny models' layers; serve.block_size
+SERVE_STEP = 256  # serve.max_tokens_per_step's default
 OPENVINO = {"kv_size": 32 + 512 + 128, "protect_first": 32, "protect_recent": 128, "schedule": "decode_only"}  # its areas
 KV_ABOVE = 512  # kv_size_above: more than the longest prompt (273 tokens) + NEW_TOKENS, a whole number of blocks
 QUESTIONS = (  # GSM8K-style rows of different lengths: prompts of 161, 214 and 273 tokens on the byte tokenizer
@@ -230,8 +231,8 @@ def violations(c: Combo) -> list[tuple[str, ...]]:
         out.append((f"policy.{c.budget}",))  # it keeps one pair, whatever the prompt
     if c.policy in AFTER_PREFILL_ONLY and c.schedule != "after_prefill":
         out.append(("policy.schedule",))  # its rule reads the whole prompt at once
-    if c.policy in WHOLE_PROMPT and c.serving and c.evicts:
-        out.append(("mode",))  # serving prefills a request in chunks: Compactor scores the prompt's one forward
+    if c.policy in WHOLE_PROMPT and c.serving and c.evicts and max(PROMPT_TOKENS) > SERVE_STEP:
+        out.append(("serve.max_tokens_per_step",))  # Compactor's prompt is fed whole: it must fit one step
     if c.policy in ("chunkkv", "critical") and c.head_budget == "adaptive":
         out.append(("policy.head_budget",))  # ChunkKV: every KV head keeps the same chunks; CriticalAdaKV: another rule
     if c.policy == "pyramidkv" and c.rerotate:

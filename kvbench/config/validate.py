@@ -126,15 +126,11 @@ def check_config(cfg: DictConfig) -> None:
 
 def check_whole_prompt(cfg: DictConfig) -> None:
     """A policy that scores the whole prompt in its one forward (`Policy.whole_prompt`, e.g. Compactor): no prefill
-    chunks, so neither gen.prefill_chunk nor the serve modes (each request prefilled in chunks)."""
+    chunks (serve mode feeds such a request's prompt whole: kvbench.serve.scheduler, .fit)."""
     policy = build_policy(cfg)
     why = policy.whole_prompt
-    if why is None or not policy.evicts:
+    if why is None or not policy.evicts or cfg.mode in SERVE_MODES:  # (serve: gen.prefill_chunk refused already)
         return
-    if cfg.mode in SERVE_MODES:
-        raise ConfigError("mode", f"{cfg.mode} prefills each request in chunks (serve.max_tokens_per_step, shared by "
-                          f"the running requests), and {policy.name} needs one forward: {why} (run it with mode=run)",
-                          cfg.mode)
     if cfg.gen.prefill_chunk is not None:
         raise ConfigError("gen.prefill_chunk", f"{policy.name} needs the prompt in one forward: {why} (use "
                           "gen.prefill_chunk=null)", cfg.gen.prefill_chunk)

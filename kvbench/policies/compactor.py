@@ -15,8 +15,9 @@ Over the prompt's middle (all but the first `sink_size_start` and the last `sink
   1 - kv_ratio; with kv_size: the share of the row's prompt the budget evicts).
 
 The score is computed once, in the observe step of the prompt's forward (kvbench.policies.needs), and kept with
-each pair (`pair_state`, 4 bytes per pair): the whole prompt must be ONE forward, so schedules that evict while
-running, gen.prefill_chunk and serve mode (chunked prefill) are refused (`whole_prompt`). Forwards of one token
+each pair (`pair_state`, 4 bytes per pair): the whole prompt must be ONE forward (`whole_prompt`), so schedules
+that evict while running and gen.prefill_chunk are refused, and serve mode feeds the prompt in one step (kvbench.serve
+.scheduler; a prompt longer than serve.max_tokens_per_step is refused). Forwards of one token
 (decode steps) score 0 (never ranked: the prompt is compressed once). The sketch of layer l is the l-th draw of
 shape (1, H_kv, D, dim) from `torch.Generator().manual_seed(seed)` (float32, cast to the keys' dtype): what
 kvpress draws after `torch.manual_seed(seed)` at batch 1 on CPU; one sketch per layer, shared by the rows.

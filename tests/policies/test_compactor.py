@@ -115,10 +115,38 @@ def test_schedules_that_evict_while_running_are_refused(schedule):
         Compactor(schedule=schedule)
 
 
-@pytest.mark.parametrize("override,key", [("gen.prefill_chunk=64", "gen.prefill_chunk"), ("mode=serve", "mode")])
-def test_chunked_prefill_is_refused(override, key):
-    cfg = _compose("model=tiny-llama", "policy=compactor", "serve.num_blocks=64", override)
+def test_chunked_prefill_is_refused():
+    cfg = _compose("model=tiny-llama", "policy=compactor", "gen.prefill_chunk=64")
     with pytest.raises(ConfigError) as refused:
         prepare(cfg)
-    assert refused.value.key == key
-    prepare(_compose("model=tiny-llama", "policy=compactor", "policy.kv_size=null", override))  # nothing evicted
+    assert refused.value.key == "gen.prefill_chunk"
+    prepare(_compose("model=tiny-llama", "policy=compactor", "policy.kv_size=null", "gen.prefill_chunk=64"))  # no eviction
+
+
+def test_serve_feeds_a_prompt_whole_and_refuses_one_longer_than_a_step():
+    """Serve mode's scheduler waits for a step with room for a whole prompt (the preempted-request test of
+    tests/serve/test_engine.py checks the tokens); a prompt longer than a step can never be fed."""
+    from kvbench.serve.block_evict import BlockRule
+    from kvbench.serve.blocks import BlockManager
+    from kvbench.serve.engine import serve
+    from kvbench.serve.request import Request
+    from kvbench.serve.scheduler import Scheduler
+
+    policy = Compactor(kv_size=None, compression_ratio=0.5)
+    sched = Scheduler(BlockManager(64, 4, (2, 2)), BlockRule.of(policy, 4), max_tokens_per_step=30)
+    for i, n in enumerate((20, 16, 8)):
+        sched.add(Request(rid=i, prompt=[1] * n, max_new_tokens=4))
+    steps = []
+    for _ in range(2):  # as kvbench.serve.limits.replay advances them
+        plan = sched.schedule().scheduled
+        steps.append([(s.req.rid, s.num_tokens) for s in plan])
+        for s in plan:
+            s.req.num_computed += s.num_tokens
+            sched.bm.advance(s.req, s.num_tokens)
+            if s.req.num_computed == s.req.seq_len:
+                s.req.output.append(0)
+    assert steps == [[(0, 20)], [(0, 1), (1, 16), (2, 8)]]  # request 1 waits for room for its whole prompt
+    with pytest.raises(ConfigError) as refused:
+        serve(tiny(), [Request(rid=0, prompt=PROMPTS[0], max_new_tokens=2)], policy, num_blocks=64, block_size=4,
+              max_tokens_per_step=32)
+    assert refused.value.key == "serve.max_tokens_per_step"

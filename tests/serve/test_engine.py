@@ -82,10 +82,7 @@ def test_every_evicting_policy_but_algorithm_2_runs_after_prefill():
     assert refused == NOT_AFTER_PREFILL  # a new policy joins the test below, or says here why it cannot
 
 
-NOT_SERVED = {n for n, cls in registry().items() if cls.whole_prompt}  # refused serving: scored in one forward
-
-
-@pytest.mark.parametrize("name", sorted(set(EVICTING) - NOT_AFTER_PREFILL - NOT_SERVED))
+@pytest.mark.parametrize("name", sorted(set(EVICTING) - NOT_AFTER_PREFILL))
 def test_after_prefill_preempted_mid_generation_matches_the_static_engine(tiny_llama, name, monkeypatch):
     """A request preempted after it began generating is recomputed as it was computed: its prompt compressed at
     the prompt's end (not over prompt + output), then its output replayed; so its tokens stay the static engine's."""
