@@ -63,6 +63,7 @@ AXES = {
 KV_SIZE, KV_RATIO, COMPRESSION_RATIO, EVICT_EVERY, NEW_TOKENS, SAMPLES, WINDOW = 48, 0.5, 0.75, 8, 6, 3, 16
 QUANT_GROUP = 16  # gen.kv_quant_group and _residual of a quantized combination: the tiny models' head size
 PROMPT_TOKENS, LAYERS, BLOCK = (161, 214, 273), 2, 16  # QUESTIONS' prompts; both tiny models' layers; serve.block_size
+SERVE_STEP = 256  # serve.max_tokens_per_step's default
 OPENVINO = {"kv_size": 32 + 512 + 128, "protect_first": 32, "protect_recent": 128, "schedule": "decode_only"}  # its areas
 KV_ABOVE = 512  # kv_size_above: more than the longest prompt (273 tokens) + NEW_TOKENS, a whole number of blocks
 QUESTIONS = (  # GSM8K-style rows of different lengths: prompts of 161, 214 and 273 tokens on the byte tokenizer
@@ -210,6 +211,7 @@ def write_mirror(root: Path) -> Path:
     return root
 
 
+WHOLE_PROMPT = tuple(n for n, c in registry().items() if c.whole_prompt)  # scored in the prompt's one forward
 HEAD_PATTERN = ("duo_attention",)  # a fixed per-(layer, KV head) budget: no kv_size / kv_ratio (docs/policies.md)
 
 
@@ -227,7 +229,9 @@ def violations(c: Combo) -> list[tuple[str, ...]]:
         out.append((f"policy.{c.budget}",))  # it keeps one pair, whatever the prompt
     cls = registry()[c.policy]  # what each policy declares it refuses, with its reason (docs/policies.md)
     if cls.after_prefill_only and c.schedule != "after_prefill":
-        out.append(("policy.schedule",))  # its rule reads the whole prompt at once (LagKV, ChunkKV, CriticalKV)
+        out.append(("policy.schedule",))  # its rule reads the whole prompt at once (LagKV, ChunkKV, CriticalKV, Compactor)
+    if c.policy in WHOLE_PROMPT and c.serving and c.evicts and max(PROMPT_TOKENS) > SERVE_STEP:
+        out.append(("serve.max_tokens_per_step",))  # Compactor's prompt is fed whole: it must fit one step
     if cls.uniform_heads_only and c.head_budget == "adaptive":
         out.append(("policy.head_budget",))  # ChunkKV: every KV head keeps the same chunks; CriticalAdaKV: another rule
     if c.policy == "pyramidkv" and c.rerotate:

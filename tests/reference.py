@@ -103,11 +103,14 @@ POLICY_RULES = {"full": None, "window": "newest", "streaming_llm": "newest", "ex
                 "random": "random", "snapkv": "snapkv", "pyramidkv": "snapkv",
                 "vatp": "vatp", "lagkv": "lagkv", "chunkkv": "chunkkv", "critical": "critical",
                 "kvzip": "kvzip", "kvzip_plus": "kvzip",
-                "expected_attention": "expected_attention", "kvzap": "kvzap", "duo_attention": "duo_attention"}
+                "expected_attention": "expected_attention", "kvzap": "kvzap", "duo_attention": "duo_attention",
+                "compactor": "compactor"}
 # a rule of tests/reference_generate.py's METHODS (compressed once after prefill): its parameters from the policy's
 METHOD_PARAMS = {"kvzip": lambda p: dict(chunk=p.chunk_size, layerwise=p.head_budget == "layerwise"),
                  "kvzip_plus": lambda p: dict(chunk=p.chunk_size, layerwise=p.head_budget == "layerwise", plus=True),
-                 "duo_attention": lambda p: _tiny_duo(p)}
+                 "duo_attention": lambda p: _tiny_duo(p),
+                 "compactor": lambda p: dict(seed=p.seed, chunk=p.chunk_size, sink_start=p.sink_size_start,
+                                             sink_end=p.sink_size_end)}
 HIDDEN_RULES = {"expected_attention", "kvzap"}  # rules that read each layer's input hidden states (recorded while they run)
 
 

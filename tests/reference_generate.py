@@ -67,8 +67,8 @@ METHODS = {
         c, lambda la: _ea(c, la), lambda s: S.chunkkv(s, r, chunk_length)),
     "lagkv": lambda c, r, n_sink=4, lag=128: per_layer(
         c, lambda la: M.lagkv(c.ref, c.cache[la], n_sink, lag), lambda s: S.topk(s, r)),
-    "compactor": lambda c, r, seed=0, chunk=256: (lambda sk: per_layer(
-        c, lambda la: M.compactor(c.ref, la, c.cache[la], c.hidden[la], sk[la], r, chunk=chunk),
+    "compactor": lambda c, r, seed=0, chunk=256, sink_start=8, sink_end=4: (lambda sk: per_layer(
+        c, lambda la: M.compactor(c.ref, la, c.cache[la], c.hidden[la], sk[la], r, sink_start, sink_end, chunk),
         lambda s: S.topk(s, r)))(sketches(c, seed)),
     "leverage": lambda c, r, seed=0: (lambda sk: per_layer(
         c, lambda la: M.leverage(c.ref, la, c.cache[la], c.hidden[la], sk[la]), lambda s: S.topk(s, r)))(

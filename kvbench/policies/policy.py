@@ -108,10 +108,10 @@ class Policy:
     published_evict_every: ClassVar[int | None] = None  # e.g. 1: published as one pair per token
     gqa_note: ClassVar[str | None] = None  # the departure on GQA models (several query heads per KV head)
     needs: ClassVar[Needs] = Needs()  # what `score` reads (kvbench.policies.needs); nothing by default
-    # True: `score` is the position (newer = keep), so an eviction keeps the protect_first sinks and the
-    # newest pairs; KVCache.evict slices them into place instead of scoring, sorting and gathering
-    keeps_newest: ClassVar[bool] = False
+    # True: `score` is the position (newer = keep), so an eviction keeps the protect_first sinks and the newest pairs
+    keeps_newest: ClassVar[bool] = False  # (KVCache.evict slices them into place instead of scoring, sorting, gathering)
     no_loglikelihood: ClassVar[str | None] = None  # why lm-eval's log-likelihood path can't run it yet (continuation)
+    whole_prompt: ClassVar[str | None] = None  # why it scores the prompt in ONE forward (no prefill chunks; serve: whole)
     # keys of the policy's config that play no part in what it runs (full: every budget and schedule key): in a
     # sweep they are reset to the policy's own defaults and named in the record's `ignored_keys` (kvbench.config)
     inert_keys: ClassVar[tuple[str, ...]] = ()

@@ -39,6 +39,7 @@ class BlockRule:
     in_prefill: bool = True  # evict while the prompt is being computed (prefill_and_decode)
     evicts: bool = False
     once: bool = False  # after_prefill: one compression, to exactly the budget, when the prompt is computed
+    whole_prompt: bool = False  # the prompt fed in one chunk (Policy.whole_prompt: scored in the prompt's forward)
 
     @classmethod
     def of(cls, policy: Policy, block_size: int) -> BlockRule:
@@ -52,6 +53,7 @@ class BlockRule:
             in_prefill=policy.evicts_in_prefill,
             evicts=True,
             once=policy.once,
+            whole_prompt=policy.whole_prompt is not None,
         )
 
     def min_kv_size(self, recent: int | None = None) -> int:

@@ -25,7 +25,7 @@ from kvbench.policies.policy import Policy
 from kvbench.serve.block_evict import BlockRule
 from kvbench.serve.blocks import BlockManager
 from kvbench.serve.budgets import HeadBudgets, RequestBudgets
-from kvbench.serve.fit import max_blocks, max_pages, stuck, too_small  # noqa: F401  (max_blocks: the preflight's)
+from kvbench.serve.fit import max_blocks, max_pages, stuck, too_long, too_small  # noqa: F401  (max_blocks: the preflight's)
 from kvbench.serve.model_runner import ModelRunner
 from kvbench.serve.request import Request
 from kvbench.serve.scheduler import Scheduler
@@ -99,6 +99,8 @@ def serve(
             raise ConfigError("serve.num_blocks", too_small(r, rule, num_blocks, budget), num_blocks)
         if (why := stuck(r, rule, budget, recent)) is not None:
             raise ConfigError(f"policy.{policy.per_prompt or 'kv_size'}", why, policy.kv_size)
+        if (why := too_long(r, rule, max_tokens_per_step)) is not None:
+            raise ConfigError("serve.max_tokens_per_step", why, max_tokens_per_step)
     rotate = policy.rerotate and policy.evicts  # cache rotation: kept keys re-rotated to contiguous slots
     runner = ModelRunner(model, num_blocks, block_size, policy, block_score, rotate=rotate, per_head=budgets.per_head,
                          score_chunk=score_chunk, k=kinds)

@@ -55,6 +55,14 @@ def stuck(req: Request, rule: BlockRule, budget: torch.Tensor | None, recent: to
             f"the protected start and recent areas plus one block ({int(need.max())}): it could never feed a token")
 
 
+def too_long(req: Request, rule: BlockRule, max_tokens: int) -> str | None:
+    """Why a request whose prompt must be fed in one forward (`rule.whole_prompt`) could never be, or None."""
+    if not rule.whole_prompt or len(req.prompt) <= max_tokens:
+        return None
+    return (f"request {req.rid}'s {len(req.prompt)}-token prompt must be fed in one forward (its policy scores the "
+            f"prompt's forward), more than a step's {max_tokens} tokens")
+
+
 def check_requests(cfg, policy, lengths: list[int], layers) -> None:
     """Before any model loads: every request (one per prompt length) has a budget it can run within and, with a
     fixed pool (`serve.num_blocks`; mode=serve), fits the pool alone (`layers()`: the model's layer count, read
@@ -72,5 +80,7 @@ def check_requests(cfg, policy, lengths: list[int], layers) -> None:
         if (why := stuck(req, rule, budget, recent)) is not None:
             key = policy.per_prompt or "kv_size"
             raise ConfigError(f"policy.{key}", why, getattr(policy, key))
+        if (why := too_long(req, rule, s.max_tokens_per_step)) is not None:
+            raise ConfigError("serve.max_tokens_per_step", why, s.max_tokens_per_step)
         if cfg.mode == "serve" and s.num_blocks is not None and max_blocks(req, rule, budget) > s.num_blocks:
             raise ConfigError("serve.num_blocks", too_small(req, rule, s.num_blocks, budget), s.num_blocks)

@@ -105,7 +105,10 @@ class Scheduler:
 
     def _chunk(self, req: Request, tokens_left: int) -> tuple[int, torch.Tensor | None]:
         """(tokens, (L, H) blocks to evict, or None) for the request's next chunk of at most `tokens_left` tokens."""
-        k = min(self.rule.span(req), tokens_left)
+        span = self.rule.span(req)
+        k = min(span, tokens_left)
+        if self.rule.whole_prompt and req.in_prefill and k < span:
+            return 0, None  # its prompt in one forward: it waits for a step with room for it
         if k > 0 and self.rule.applies(req):
             if self.rule.once and self.reallocate is not None:
                 self.reallocate(req)

@@ -32,6 +32,7 @@ from kvbench.policies import (  # noqa: E402
     TOVA,
     BatchMax,
     ChunkKV,
+    Compactor,
     Critical,
     DuoAttention,
     ExpectedAttention,
@@ -91,6 +92,8 @@ COUNTERPARTS = {
     # DMS by threshold over the same scorer (the leaderboard's kvzap_mlp): the "ratio" slot is the threshold
     "kvzap_mlp": [("kvzap head_budget=threshold", lambda t: KVzap(head_budget="threshold", threshold=t, schedule=AP,
                                                                   scorer=str(WORK["dir"] / "kvzap-mlp")), None)],
+    # the sketch: layer l's is the l-th draw of a generator seeded as kvpress's global one (cases.SKETCH_SEED = 0)
+    "compactor": [("compactor", lambda r: Compactor(compression_ratio=r, schedule=AP, seed=0), None)],
     # the share of streaming heads; the head scores calibrated on the texts kvpress's side calibrated on (its
     # BookSum replaced by the first 50 CNN/DM validation articles, WORK/calibration.json, cases.DUO_TEXTS)
     "duo_attention_on_the_fly": [("duo_attention", lambda r: DuoAttention(

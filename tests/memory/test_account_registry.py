@@ -161,7 +161,7 @@ Serve mode: at every forward, the paged pool's tensors (from their storages) are
     hook = model.register_forward_pre_hook(measure, with_kwargs=True)
     try:
         serve(model, requests(random_prompts(LENGTHS, seed=3), 6), policy, num_blocks=96, block_size=2,
-              max_tokens_per_step=64)
+              max_tokens_per_step=128 if policy.whole_prompt else 64)  # (Compactor: each prompt in one step)
     finally:
         hook.remove()
     assert len(seen) >= 6 and all(p == 96 * blocks for p, _, _ in seen), (seen[:3], 96 * blocks)

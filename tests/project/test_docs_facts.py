@@ -39,7 +39,10 @@ REFUSED = {
     "`policy=extreme_decode` with `schedule` other than `decode_only`":
         replace(BASE, policy="extreme_decode", schedule="after_prefill"),
     "`policy=extreme_decode` with a per-prompt budget": replace(BASE, policy="extreme_decode", budget="kv_ratio"),
-    "`policy=lagkv`, `chunkkv` or `critical` with `schedule` other than `after_prefill`": replace(BASE, policy="lagkv"),
+    "`policy=lagkv`, `chunkkv`, `critical` or `compactor` with `schedule` other than `after_prefill`":
+        replace(BASE, policy="compactor"),
+    "`policy=compactor` serving a prompt longer than `serve.max_tokens_per_step`, or with `gen.prefill_chunk`":
+        replace(SERVE, policy="compactor", schedule="after_prefill"),  # the matrix's prompts: up to 273 tokens
     "`policy=chunkkv` or `critical` with `policy.head_budget=adaptive`":
         replace(BASE, policy="critical", schedule="after_prefill", head_budget="adaptive"),
     "`policy=duo_attention` with `kv_size` or `kv_ratio`, with `head_budget` other than `pattern`, with "

@@ -676,6 +676,18 @@ def test_crosscheck_at_compression_0_75():
                 f"window", f"keep {int(-(-lens[short[0]] // 20) * 0.25)} chunks among the 3")
 
 
+
+def test_crosscheck_of_compactor():
+    rows = json.loads((RESULTS / "crosscheck" / "compactor" / "summary.json").read_text())["rows"]
+    by = {r["ratio"]: r for r in rows}
+    assert {r["press"] for r in rows} == {"compactor"} and set(by) == {0.25, 0.5, 0.75}
+    assert by[0.5]["identical_rows"] >= 15 and by[0.5]["rows"] == 16
+    at = [(x, f"identical tokens on {by[x]['identical_rows']} of {by[x]['rows']} rows", f"identical kept sets in "
+           f"{by[x]['identical_sets']} of {by[x]['sets']}") for x in (0.25, 0.5, 0.75)]
+    states("docs/crosscheck.md", "; ".join(f"at {'compression ' if x == 0.25 else ''}{x:g} {t} and {k}" for x, t, k in at))
+    states("results/crosscheck/compactor/README.md", "; ".join(f"at {x:g}, {t}, {k}" for x, t, k in at))
+
+
 # ------------------------------------------------------------------------------------ docs/matrix.md
 def test_matrix_counts():
     """The whole product's counts and the preflight pass's time from its record (tests/data/matrix_product.json,
