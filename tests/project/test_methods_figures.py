@@ -46,7 +46,7 @@ def test_methods_md_states_what_the_records_give(data):
     def x(name, field):
         return by[name][field] / full[field]
 
-    halved = ("batch_max", "h2o", "tova", "keydiff")
+    halved = ("batch_max", "h2o", "tova", "keydiff", "compactor")
     window = ("snapkv", "pyramidkv", "expected_attention", "critical", "chunkkv")
     assert {round(x(n, "decode_kv_bytes_mean"), 2) for n in halved} == {0.52}
     assert {round(x(n, "decode_kv_bytes_mean"), 2) for n in window} == {0.60, 0.61}
@@ -85,4 +85,4 @@ def test_methods_md_states_what_the_records_give(data):
     assert all(batch(n, "prefill_and_decode") == batch("snapkv", "prefill_and_decode")
                for n in ("pyramidkv", "expected_attention", "keydiff", "knorm", "vatp"))
     assert all("refused" in plan["rows"][n]["prefill_and_decode"]
-               for n in ("kvzip", "kvzip_plus", "lagkv", "chunkkv", "critical"))
+               for n in ("kvzip", "kvzip_plus", "lagkv", "chunkkv", "critical", "compactor"))
