@@ -6,14 +6,10 @@ bfloat16 follow float64's; the schedules and settings it is not defined under ar
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
-from kvbench.attention import kv_attention
 from kvbench.config import prepare
-from kvbench.engine import generate
 from kvbench.errors import ConfigError
 from kvbench.policies.compactor import Compactor, leverage, non_causal, sketch, zscore
 from tests import kvpress_tiny as T
@@ -22,22 +18,8 @@ from tests import reference_generate as G
 from tests import reference_methods as M
 from tests import reference_select as S
 from tests.memory.test_account import _compose
+from tests.policies.test_expected_attention import run, tiny  # the tiny kvpress model and a run's kept pairs
 from tests.policies.test_reference_methods import fixture
-from tests.policies.test_scored import PerSample
-
-
-@functools.cache
-def tiny(dtype=torch.float64):
-    return T.tiny_model(dtype)
-
-
-def run(model, prompts, policy, new):
-    obs = PerSample(len(prompts))
-    with kv_attention(model, hidden=True):
-        out = generate(model, T.CharTokenizer(), prompts, policy, len(prompts), max_new_tokens=new, eos_token_ids=[],
-                       observer=obs)
-    holes = lambda kept: [[[p for p in head if p >= 0] for head in layer] for layer in kept]  # noqa: E731 (adaptive)
-    return out.token_ids, [holes(ev[0][1]) for ev in obs.evictions]
 
 
 def test_after_prefill_keeps_kvpress_pairs_and_tokens():
