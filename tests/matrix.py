@@ -293,10 +293,10 @@ def violations(c: Combo) -> list[tuple[str, ...]]:
 
 
 def serve_budget_refusal(c: Combo) -> str | None:
-    """Serving, an evicting policy under a schedule that evicts while it runs: the key its budget is refused with
-    (tests/matrix_budgets.py, from the docs), or None."""
+    """Serving, an evicting policy: the key its budget is refused with (tests/matrix_budgets.py, from the docs),
+    or None."""
     keys = {**policy_config(c.policy), **c.knobs(), **(OPENVINO if c.preset and c.policy == "h2o" else {})}
-    if not c.evicts or keys["schedule"] == "after_prefill" or c.policy in HEAD_PATTERN:  # (refused before: schedule)
+    if not c.evicts or c.policy in HEAD_PATTERN:  # (refused before: schedule)
         return None
     # extreme_decode keeps one pair, whatever the prompt; kv_size_above is a kv_size
     kind = "kv_size" if c.policy == "extreme_decode" or c.budget == "kv_size_above" else c.budget

@@ -45,14 +45,27 @@ def too_small(req: Request, rule: BlockRule, num_blocks: int, budget: torch.Tens
 
 
 def stuck(req: Request, rule: BlockRule, budget: torch.Tensor | None, recent: torch.Tensor | None) -> str | None:
-    """Why the request could never feed a token within its budget (too small for the protected areas), or None."""
-    if budget is None or rule.once:
+    """Why the request could never keep within its budget (too small for the protected areas), or None. Under the
+    schedules that evict while it runs, a budget below the start blocks + its recent pairs + one block could never
+    feed a token. Under after_prefill the one compression evicts whole blocks between the start blocks and the
+    recent area (`BlockRule.plan`): a budget below what they leave (the recent area's partial block stays too)
+    could not be reached."""
+    if budget is None:
         return None
-    need = rule.start_blocks * rule.block_size + recent + rule.block_size  # (L, H)
-    if bool((budget >= need).all()):
+    P = len(req.prompt)
+    if rule.once:
+        held = torch.full_like(budget, P)
+        _, evict = rule.plan(held, recent, budget, 0)  # (L, H) blocks the compression evicts
+        need = held - evict * rule.block_size  # what it keeps
+        why = "its one compression, in whole blocks, could not reach it"
+    else:
+        need = rule.start_blocks * rule.block_size + recent + rule.block_size  # (L, H)
+        why = "it could never feed a token"
+    ok = budget >= need
+    if bool(ok.all()):
         return None
-    return (f"request {req.rid}'s budget ({int(budget.min())} pairs, from its {len(req.prompt)}-token prompt) is below "
-            f"the protected start and recent areas plus one block ({int(need.max())}): it could never feed a token")
+    return (f"request {req.rid}'s budget ({int(budget[~ok].min())} pairs, from its {P}-token prompt) is below the "
+            f"{int(need[~ok].max())} pairs the protected start and recent areas keep in whole blocks: {why}")
 
 
 def too_long(req: Request, rule: BlockRule, max_tokens: int) -> str | None:

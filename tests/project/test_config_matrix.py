@@ -200,19 +200,8 @@ class FakeWandb:
         return run
 
 
-# known defects the cover meets: the combination must still fail (strict), so fixing it shows here
-KNOWN_DEFECTS = {
-    "pyramidkv-after_prefill-kv_ratio-serve-policy-sdpa-False-tiny-llama-1-float32-uniform-auto":
-        "serve's one compression evicts whole blocks older than the protected window: PyramidKV's top layer (budget "
-        "16) keeps its 16-pair window and the prompt's partial block, 22 pairs; the preflight checks a layer's "
-        "budget against the window and a block only for the schedules that evict while running",
-}
-
-
 @pytest.mark.parametrize("combo", COMBOS, ids=[c.id for c in COMBOS])
-def test_refused_up_front_or_a_true_record(combo, mirror, tmp_path, monkeypatch, capsys, request):
-    if combo.id in KNOWN_DEFECTS:
-        request.node.add_marker(pytest.mark.xfail(strict=True, reason=KNOWN_DEFECTS[combo.id]))
+def test_refused_up_front_or_a_true_record(combo, mirror, tmp_path, monkeypatch, capsys):
     args = argv(combo, mirror, tmp_path)
     keys = refusal(combo)
     if keys is not None:

@@ -58,6 +58,9 @@ REFUSED = {
     "serving, under a schedule that evicts while decoding, with a budget (`kv_size`, or the per-prompt one a "
     "request's prompt gives, per layer for PyramidKV) below its start blocks + recent pairs + one block":
         replace(SERVE, policy="pyramidkv", schedule="prefill_and_decode", budget="kv_ratio"),
+    "serving, `after_prefill`, with a budget (as above) below what the one compression leaves: the start blocks, "
+    "the recent pairs and the partial block between them that whole-block eviction cannot take":
+        replace(SERVE, policy="pyramidkv", schedule="after_prefill", budget="kv_ratio"),
     "serving, under a schedule that evicts while decoding, with a `kv_size` that is no whole number of blocks "
     "(`extreme_decode`'s kv 2)": replace(SERVE, policy="extreme_decode"),
     "`serve.eviction=openvino` outside serving, or with a policy other than `h2o`": replace(BASE, eviction="openvino"),
@@ -100,6 +103,9 @@ THAT_KEY = {"`policy=full` with `kv_ratio` or `compression_ratio`": "policy.kv_r
             "serving with `gen.prefill_chunk` or `gen.warmup`": "gen.prefill_chunk",
             "serving, under a schedule that evicts while decoding, with a budget (`kv_size`, or the per-prompt one a "
             "request's prompt gives, per layer for PyramidKV) below its start blocks + recent pairs + one block":
+                "policy.kv_ratio",
+            "serving, `after_prefill`, with a budget (as above) below what the one compression leaves: the start blocks, "
+            "the recent pairs and the partial block between them that whole-block eviction cannot take":
                 "policy.kv_ratio",
             "`serve.eviction=openvino` with `policy.kv_size`, `protect_*`, `schedule` or `serve.block_score` changed":
                 "policy.schedule",
