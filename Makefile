@@ -49,7 +49,7 @@ gpu-check: install ## on a CUDA machine: GPU acceptance checks, one JSON line ea
 	@$(BIN)/kvbench-gpu-check
 
 lint: install ## ruff
-	$(BIN)/ruff check kvbench tests scripts
+	$(BIN)/ruff check kvbench tests scripts docs/hooks
 
 crosscheck: install $(KVPRESS_STAMP) ## kvbench against kvpress 0.5.5, token for token (~45 min, outside CI): results/crosscheck/
 	DATA_DIR=$(or $(DATA_DIR),../shared/data) scripts/crosscheck/run.sh

@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "results"
 SITE_DIR = "write-ups"  # not results/: docs/results.md is the page /results/
@@ -39,7 +38,9 @@ def rewrite(markdown: str, src_uri: str) -> str:
 
 
 def on_files(files, config, **kwargs):
-    from mkdocs.structure.files import File  # here, not at the top: the tests import this module without mkdocs
+    from mkdocs.structure.files import (
+        File,  # here, not at the top: the tests import this module without mkdocs
+    )
 
     for path in served():
         files.append(File.generated(config, site_path(path), abs_src_path=str(path)))
