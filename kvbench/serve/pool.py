@@ -21,6 +21,8 @@ from kvbench.serve.blocks import blocks_for
 
 class PagedPool:
     fresh_ok = True  # a first chunk may attend to its new keys as computed (they are what the pool holds)
+    window_peak = 0  # the most full-precision window pages in use at once (a quantized pool's: kvbench.serve.qpool)
+    window_page_bytes = 0
 
     def __init__(self, *, num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, device, track_attention,
                  rerotate: bool = False, pair_state: tuple[str, ...] = (), kv: bool = True):

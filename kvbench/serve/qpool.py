@@ -33,12 +33,11 @@ from kvbench.serve.blocks import blocks_for
 from kvbench.serve.pool import PagedPool
 
 
-def window_pages_for(*, num_layers: int, num_kv_heads: int, block_size: int, residual: int, max_running: int,
-                     max_tokens_per_step: int) -> int:
-    """Full-precision pages a quantized pool needs at most: each running request's windows in every layer and KV
-    head, and one layer's new pages of a forward (every request's chunk may start inside a page)."""
-    held = max_running * num_layers * num_kv_heads * blocks_for(residual + block_size - 1, block_size)
-    return held + num_kv_heads * (blocks_for(max_tokens_per_step, block_size) + max_running)
+def window_pages_for(*, num_layers: int, num_kv_heads: int, block_size: int, residual: int, max_running: int) -> int:
+    """Full-precision pages a quantized pool needs at most: each running request's window in every layer and KV
+    head (at most ceil((R + bs - 1) / bs) pages), and in the layer being written its new window as well as its old
+    one (whose pages leave once the layer is written); pages that fill and leave in one forward borrow none."""
+    return max_running * (num_layers + 1) * num_kv_heads * blocks_for(residual + block_size - 1, block_size)
 
 
 def quant_page_bytes(*, block_size: int, head_dim: int, dtype: torch.dtype, bits: int) -> int:
@@ -84,6 +83,7 @@ class QuantPagedPool(PagedPool):
         self.fpage = torch.full((P,), -1, dtype=torch.long)  # CPU: each page's window page (-1: none)
         self._fpage = self.fpage.to(device)  # its device copy, what reads index by
         self.free_window = list(range(window_pages - 1, -1, -1))
+        self.window_page_bytes = 2 * bs * D * self.fk.element_size()  # one window page's K and V
         self.written: list[torch.Tensor] = []  # per layer: the pages this forward writes (CPU)
         self.leaving: list[torch.Tensor] = []  # per layer: the pages that may leave the window after it (CPU)
 
@@ -126,31 +126,56 @@ class QuantPagedPool(PagedPool):
 
     def write_pairs(self, layer: int, w: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
         """Layer `layer`'s new pairs key/value (1, H, T, D) at flat slots w (T, H): into their pages' window pages,
-        then the pages that left the window quantized (their window pages freed)."""
+        then the pages that left the window quantized (their window pages freed). A page this forward fills whole
+        and that leaves the window in it (a prompt's chunk) is quantized from the new pairs, with no window page."""
         new = self.written[layer]
         new = new[self.fpage[new] < 0]
-        if new.numel() > len(self.free_window):
-            raise RuntimeError(f"quantized pool: {new.numel()} window pages asked, {len(self.free_window)} free")
-        got = torch.tensor([self.free_window.pop() for _ in range(new.numel())], dtype=torch.long)
-        self.fpage[new] = got
-        self._fpage[new.to(self._fpage.device)] = got.to(self._fpage.device)
-        bs, D = self.block_size, self.head_dim
-        dst = self._fpage[w // bs] * bs + w % bs  # (T, H) slots of the window pages
-        self.fk.view(-1, D)[dst] = key[0].transpose(0, 1).to(self.dtype)
-        self.fv.view(-1, D)[dst] = value[0].transpose(0, 1).to(self.dtype)
+        direct = torch.isin(new, self.leaving[layer])
+        self._borrow(new[~direct])
+        kt, vt = key[0].transpose(0, 1).to(self.dtype), value[0].transpose(0, 1).to(self.dtype)  # (T, H, D)
+        bs, D, dev = self.block_size, self.head_dim, self._fpage.device
+        if not bool(direct.any()):
+            dst = self._fpage[w // bs] * bs + w % bs  # (T, H) slots of the window pages
+            self.fk.view(-1, D)[dst], self.fv.view(-1, D)[dst] = kt, vt
+        else:
+            pages = new[direct]
+            self._fpage[pages.to(dev)] = -2 - torch.arange(pages.numel(), device=dev)  # -2 - its place in `k`
+            d, off = self._fpage[w // bs], w % bs
+            win = d >= 0
+            dst = (d * bs + off)[win]
+            self.fk.view(-1, D)[dst], self.fv.view(-1, D)[dst] = kt[win], vt[win]
+            k = torch.empty(pages.numel() * bs, D, dtype=self.dtype, device=dev)  # a transient of the forward
+            v = torch.empty_like(k)
+            at = ((-2 - d) * bs + off)[~win]
+            k[at], v[at] = kt[~win], vt[~win]
+            self._fpage[pages.to(dev)] = -1
+            self._store(pages, k.view(-1, bs, D), v.view(-1, bs, D))
         self._flush(self.leaving[layer])
+
+    def _borrow(self, pages: torch.Tensor) -> None:
+        """Window pages for these pages (CPU ids)."""
+        if pages.numel() > len(self.free_window):
+            raise RuntimeError(f"quantized pool: {pages.numel()} window pages asked, {len(self.free_window)} free")
+        got = torch.tensor([self.free_window.pop() for _ in range(pages.numel())], dtype=torch.long)
+        self.window_peak = max(self.window_peak, self.fk.shape[0] - len(self.free_window))
+        self.fpage[pages] = got
+        self._fpage[pages.to(self._fpage.device)] = got.to(self._fpage.device)
 
     def _flush(self, pages: torch.Tensor) -> None:
         """Quantize these pages' full-precision pairs (those still in the window), once."""
         pages = pages[self.fpage[pages] >= 0]
         if not pages.numel():
             return
-        dev = self.kc.device
-        f, p = self.fpage[pages].to(dev), pages.to(dev)
-        self.kc[p], ks, kz = self.key_rule.quantize(self.fk[f])  # (n, bs, W), (n, 1, D) x 2
-        self.ks[p], self.kz[p] = ks[:, 0], kz[:, 0]
-        self.vc[p], self.vs[p], self.vz[p] = self.value_rule.quantize(self.fv[f])  # (n, bs, W), (n, bs, D/G) x 2
+        f = self.fpage[pages].to(self.fk.device)
+        self._store(pages, self.fk[f], self.fv[f])
         self._release(pages)
+
+    def _store(self, pages: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Quantize the full pages' pairs k, v (n, bs, D) into pages (CPU ids)."""
+        p = pages.to(self.kc.device)
+        self.kc[p], ks, kz = self.key_rule.quantize(k)  # (n, bs, W), (n, 1, D) x 2
+        self.ks[p], self.kz[p] = ks[:, 0], kz[:, 0]
+        self.vc[p], self.vs[p], self.vz[p] = self.value_rule.quantize(v)  # (n, bs, W), (n, bs, D/G) x 2
 
     def pairs(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values (*slots.shape, D) of flat slots: dequantized from their page, or as held in its window

@@ -41,8 +41,7 @@ def pool_blocks(cfg: DictConfig, lm, policy, memory_limit: memory.MemoryLimit | 
         per_block = PagedPool.block_bytes(**dims, rerotate=policy.rerotate and policy.evicts)
     else:
         window = qpool.window_pages_for(num_layers=dims["num_layers"], num_kv_heads=dims["num_kv_heads"],
-                                        block_size=s.block_size, residual=quant.residual, max_running=s.max_running,
-                                        max_tokens_per_step=s.max_tokens_per_step)
+                                        block_size=s.block_size, residual=quant.residual, max_running=s.max_running)
         free -= qpool.nbytes_for(**dims, num_blocks=0, bits=quant.bits, window_pages=window)
         per_block = qpool.nbytes_for(**dims, num_blocks=1, bits=quant.bits, window_pages=0)
     n = free // per_block

@@ -59,7 +59,7 @@ def test_pool_reads_the_page_wise_rule(bits, residual):
     pool = QuantPagedPool(num_layers=L, num_blocks=12, block_size=BS, num_kv_heads=H, head_dim=D, dtype=torch.float32,
                           device="cpu", track_attention=False, quant=KVQuant(bits, BS, residual),
                           window_pages=qpool.window_pages_for(num_layers=L, num_kv_heads=H, block_size=BS,
-                                                              residual=residual, max_running=1, max_tokens_per_step=30))
+                                                              residual=residual, max_running=1))
     bm = BlockManager(12, BS, (L, H))
     bm.on_give = pool.given_back
     req = Request(rid=0, prompt=[0], max_new_tokens=1)

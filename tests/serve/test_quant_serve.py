@@ -52,7 +52,7 @@ def test_full_cache_matches_the_static_engine_quantized_alike(tiny_llama, bits, 
 
 def _plain_and_int4(lm, policy, prompts):
     got = {}
-    for name, q in (("auto", None), ("int4", KVQuant(4, BS, BS))):
+    for name, q in (("auto", None), ("int4", KVQuant(4, BS, 0))):  # the window: each head's partial page
         reqs = _requests(prompts)
         out = serve(lm.model, reqs, policy, num_blocks=40, block_size=BS, max_tokens_per_step=64, max_running=3,
                     kv_quant=q)
@@ -70,12 +70,13 @@ def test_an_evicting_policy_serves_over_an_int4_pool(tiny_llama, policy):
     assert int4_tokens != plain_tokens
     cfg = tiny_llama.model.config
     L, H, D = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
-    window = qpool.window_pages_for(num_layers=L, num_kv_heads=H, block_size=BS, residual=BS, max_running=3,
-                                    max_tokens_per_step=64)
+    window = qpool.window_pages_for(num_layers=L, num_kv_heads=H, block_size=BS, residual=0, max_running=3)
     assert int4.pool_bytes == qpool.nbytes_for(num_layers=L, num_blocks=40, block_size=BS, num_kv_heads=H, head_dim=D,
                                                dtype=tiny_llama.model.dtype, track_attention=policy.needs.attention,
                                                bits=4, window_pages=window)
-    assert int4.peak_kv_bytes < 0.25 * plain.peak_kv_bytes  # float64: 768 bytes a page against 4,096
+    # float64: 768 bytes a quantized page against 4,096, but each (request, layer, KV head)'s newest page also in a
+    # full-precision window page: 0.52 measured at these 48-pair budgets (3 pages a head)
+    assert int4.peak_kv_bytes < 0.6 * plain.peak_kv_bytes
 
 
 def test_a_quantized_pool_needs_max_running(tiny_llama):
