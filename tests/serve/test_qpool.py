@@ -119,3 +119,28 @@ def test_group_must_be_the_page():
     with pytest.raises(ValueError, match="block_size"):
         QuantPagedPool(num_layers=1, num_blocks=1, block_size=16, num_kv_heads=1, head_dim=16, dtype=torch.float32,
                        device="cpu", track_attention=False, quant=KVQuant(4, 8, 0), window_pages=1)
+
+
+def test_a_memory_limit_sizes_the_quantized_pool_by_its_allocation(tiny_llama):
+    """pool_blocks under memory.limit_gb: the window pages first, then whole quantized blocks; the pool of that many
+    blocks allocates exactly what the limit was charged."""
+    from omegaconf import OmegaConf
+
+    from kvbench import memory
+    from kvbench.policies import Full
+    from kvbench.serve.run import pool_blocks
+
+    q = KVQuant(4, 16, 16)
+    cfg = OmegaConf.create({"serve": {"num_blocks": None, "block_size": 16, "max_running": 3}})
+    dims = dict(num_layers=2, block_size=16, num_kv_heads=2, head_dim=16, dtype=tiny_llama.model.dtype,
+                track_attention=False)
+    window = qpool.window_pages_for(num_layers=2, num_kv_heads=2, block_size=16, residual=16, max_running=3)
+    weights = sum(memory.ModelShape.of(tiny_llama.model).weights.values())
+    charged = qpool.nbytes_for(**dims, num_blocks=10, bits=4, window_pages=window)
+    per = qpool.nbytes_for(**dims, num_blocks=1, bits=4, window_pages=0)
+    assert pool_blocks(cfg, tiny_llama, Full(), memory.MemoryLimit((weights + charged + per // 2) / memory.GiB), q) == 10
+    pool = QuantPagedPool(**dims, num_blocks=10, device="cpu", quant=q, window_pages=window)
+    assert pool.nbytes() == charged
+    plain = qpool.PagedPool.block_bytes(**dims)  # at a limit that holds 200 blocks in the model's dtype, more blocks
+    limit = memory.MemoryLimit((weights + 200.5 * plain) / memory.GiB)  # (at 10, the window pages take them all)
+    assert pool_blocks(cfg, tiny_llama, Full(), limit) == 200 < pool_blocks(cfg, tiny_llama, Full(), limit, q)
