@@ -88,9 +88,9 @@ class PagedPool:
         """The new pairs (1, H, T, D) written at w (T, H) as the pool holds them: as computed."""
         return key, value
 
-    def pairs(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values (*slots.shape, D) held at flat slots."""
-        return self.k[slots], self.v[slots]
+    def pairs(self, slots: torch.Tensor, which: str = "kv"):
+        """Keys and values (*slots.shape, D) held at flat slots; `which` "k" or "v": that one alone."""
+        return self.k[slots] if which == "k" else self.v[slots] if which == "v" else (self.k[slots], self.v[slots])
 
     def part_pairs(self, part, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A part's pages whole (R, H, nb * bs, D), one index per page."""

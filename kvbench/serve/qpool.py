@@ -177,9 +177,12 @@ class QuantPagedPool(PagedPool):
         self.ks[p], self.kz[p] = ks[:, 0], kz[:, 0]
         self.vc[p], self.vs[p], self.vz[p] = self.value_rule.quantize(v)  # (n, bs, W), (n, bs, D/G) x 2
 
-    def pairs(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def pairs(self, slots: torch.Tensor, which: str = "kv"):
         """Keys and values (*slots.shape, D) of flat slots: dequantized from their page, or as held in its window
-        page; the arithmetic of `Rule.dequantize` (q * s + z in float32, rounded once to the model's dtype)."""
+        page; the arithmetic of `Rule.dequantize` (q * s + z in float32, rounded once to the model's dtype).
+        `which` "k" or "v": that one alone."""
+        if which != "kv":
+            return self.pairs(slots)[0 if which == "k" else 1]
         bs, D, G = self.block_size, self.head_dim, self.quant.group
         page, off = slots // bs, slots % bs
         bits = self.quant.bits
