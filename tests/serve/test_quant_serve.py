@@ -6,6 +6,7 @@
   after its write, so the chunking is part of the result in both engines);
 - Batch-Max (evicting whole pages) and policies that score the cached keys serve to the end over an int4 pool,
   the tokens moved by the quantization, the pool's bytes those counted from its dimensions;
+- every registered evicting policy serves to the end over an int4 pool, its window pages all back at the end;
 - a quantized pool needs `max_running` (its window pages are sized by it).
 """
 
@@ -22,6 +23,7 @@ from kvbench.serve import qpool
 from kvbench.serve.engine import serve
 from kvbench.serve.request import Request
 from tests.conftest import random_prompts
+from tests.serve.test_engine import EVICTING, NOT_AFTER_PREFILL, _after_prefill
 
 LENGTHS, NEW, BS = (37, 12, 25, 40), 12, 16
 
@@ -115,3 +117,31 @@ def test_the_pool_reads_what_attention_read(tiny_llama):
     N = a.shape[-2]
     assert not same[:, : N // BS * BS].any() and same[:, N // BS * BS:].all()  # quantized pages, then the window
     assert torch.allclose(a, b, atol=0.5)
+
+
+@pytest.mark.parametrize("name", sorted(set(EVICTING) - NOT_AFTER_PREFILL))
+def test_every_registered_policy_serves_over_an_int4_pool(tiny_llama, name):
+    """Each policy (after_prefill, as tests/serve/test_engine.py runs them all) to the end over an int4 pool: its
+    scores, observe step and scoring passes read the pairs dequantized; every window page goes back at the end."""
+    from kvbench.serve import engine as serve_engine
+
+    policy = _after_prefill(registry()[name])
+    policy.prepare(tiny_llama.tokenizer, tiny_llama.model)
+    pools = []
+    runner = serve_engine.ModelRunner
+
+    class Spy(runner):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            pools.append(self.pool)
+
+    reqs = [Request(rid=i, prompt=list(p), max_new_tokens=6) for i, p in enumerate(random_prompts((40, 28, 35), 5))]
+    serve_engine.ModelRunner = Spy
+    try:
+        serve(tiny_llama.model, reqs, policy, num_blocks=40, block_size=BS, max_tokens_per_step=64, max_running=2,
+              kv_quant=KVQuant(4, BS, 0))
+    finally:
+        serve_engine.ModelRunner = runner
+    assert all(len(r.output) == 6 for r in reqs)
+    (pool,) = pools
+    assert pool.window_peak > 0 and len(pool.free_window) == pool.fk.shape[0]
