@@ -66,7 +66,8 @@ def extensions(cfg: DictConfig, policy) -> list[str]:
     if cfg.gen.get("kv_cache_dtype", "auto") != "auto":
         ext.append("serve_quantized_pages: a page is its keys' quantization group (G = serve.block_size), quantized "
                    "once when it is full and gen.kv_quant_residual newer pairs follow it; pages leave whole, so "
-                   "eviction re-quantizes nothing (the static cache re-groups the key blocks whose tokens changed)")
+                   "eviction re-quantizes nothing (the static cache re-groups the key blocks whose tokens changed); "
+                   "a preempted request's recompute reads its pairs in other chunks, so it is not exact")
     if s.eviction != "policy":
         ext.append(f"serve.eviction={s.eviction}: OpenVINO GenAI's preset (start area {policy.protect_first}, "
                    f"recent area {policy.protect_recent}, {policy.kv_size} tokens in all, NORM_SUM of H2O's "

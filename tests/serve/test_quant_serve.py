@@ -7,6 +7,7 @@
 - Batch-Max (evicting whole pages) and policies that score the cached keys serve to the end over an int4 pool,
   the tokens moved by the quantization, the pool's bytes those counted from its dimensions;
 - every registered evicting policy serves to the end over an int4 pool, its window pages all back at the end;
+- a preempted request's recompute over a quantized pool is not exact (documented), unlike the plain pool's;
 - a quantized pool needs `max_running` (its window pages are sized by it).
 """
 
@@ -145,3 +146,18 @@ def test_every_registered_policy_serves_over_an_int4_pool(tiny_llama, name):
     assert all(len(r.output) == 6 for r in reqs)
     (pool,) = pools
     assert pool.window_peak > 0 and len(pool.free_window) == pool.fk.shape[0]
+
+
+def test_a_preempted_request_is_recomputed_as_documented(tiny_llama):
+    """Over a quantized pool a preemption's recompute is not exact (docs/serving.md): a pool of 8 blocks preempts,
+    and some request's tokens part from those of a pool that holds every request."""
+    prompts = random_prompts((37, 12, 25, 40, 9, 30), seed=4)
+    got = []
+    for blocks in (64, 8):
+        reqs = [Request(rid=i, prompt=list(p), max_new_tokens=16) for i, p in enumerate(prompts)]
+        out = serve(tiny_llama.model, reqs, Full(), num_blocks=blocks, block_size=BS, max_tokens_per_step=256,
+                    max_running=6, kv_quant=KVQuant(4, BS, 0))
+        got.append(([r.output for r in reqs], out.preemptions))
+    (free, none), (tight, some) = got
+    assert none == 0 < some
+    assert free != tight and free[0] == tight[0]  # the first request, never preempted, keeps its tokens
