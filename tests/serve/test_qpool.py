@@ -53,10 +53,11 @@ def _slots(req: Request, n: int, start: torch.Tensor) -> torch.Tensor:
     return req.pages.gather(-1, logical // BS) * BS + logical % BS
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("bits", "residual"), [(4, 0), (8, 5), (4, 8)])
-def test_pool_reads_the_page_wise_rule(bits, residual):
+def test_pool_reads_the_page_wise_rule(bits, residual, dtype):
     g = torch.Generator().manual_seed(bits + residual)
-    pool = QuantPagedPool(num_layers=L, num_blocks=12, block_size=BS, num_kv_heads=H, head_dim=D, dtype=torch.float32,
+    pool = QuantPagedPool(num_layers=L, num_blocks=12, block_size=BS, num_kv_heads=H, head_dim=D, dtype=dtype,
                           device="cpu", track_attention=False, quant=KVQuant(bits, BS, residual),
                           window_pages=qpool.window_pages_for(num_layers=L, num_kv_heads=H, block_size=BS,
                                                               residual=residual, max_running=1))
@@ -79,8 +80,8 @@ def test_pool_reads_the_page_wise_rule(bits, residual):
         bm.grow(req, n)
         pool.prepare([req.pages], [req.held], [n])
         slots = _slots(req, n, before)  # (L, H, n)
-        k = torch.randn(L, 1, H, n, D, generator=g) * torch.linspace(0.1, 4, D)  # channels of their own ranges
-        v = torch.randn(L, 1, H, n, D, generator=g)
+        k = (torch.randn(L, 1, H, n, D, generator=g) * torch.linspace(0.1, 4, D)).to(dtype)  # channels: own ranges
+        v = torch.randn(L, 1, H, n, D, generator=g).to(dtype)
         for la in range(L):
             pool.write_pairs(la, slots[la].T, k[la], v[la])
             for h in range(H):
