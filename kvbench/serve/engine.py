@@ -44,7 +44,7 @@ class ServeOutput:
     timeline: list[tuple[float, int, int, int]] = field(default_factory=list)  # (t, blocks used, running, waiting)
     pool_bytes: int = 0
     attention: str = ""  # what attended (kvbench.serve.paged_attention.backend)
-    block_bytes: int = 0  # one block in every layer: K, V, positions, statistics
+    block_bytes: int = 0  # one block in every layer: K, V, positions, statistics (+ a quantized pool's window, spread)
     kv_block_bytes: int = 0  # one block in every layer: K and V only
     peak_pages: int = 0  # the most pages in use at once (a page: block_size slots of one layer and KV head)
     pages_per_block: int = 1  # layers x KV heads

@@ -20,7 +20,6 @@ from kvbench.serve.blocks import blocks_for
 
 
 class PagedPool:
-    fresh_ok = True  # a first chunk may attend to its new keys as computed (they are what the pool holds)
     window_peak = 0  # the most full-precision window pages in use at once (a quantized pool's: kvbench.serve.qpool)
     window_page_bytes = 0
 

@@ -17,10 +17,12 @@ Per page id p of the P = num_blocks x layers x KV heads pages (whether in use or
 
 and `window_pages` full-precision pages `fk`, `fv` (F, bs, D) that pages not yet quantized borrow (`fpage[p]`: the
 window page page p holds its pairs in, -1 once quantized or free). A running (request, layer, KV head) borrows at
-most ceil((R + bs - 1) / bs) of them, plus, while one layer of a forward is written, the new pages of that layer;
-so F is sized from `serve.max_running` (required) and the step's tokens (`window_pages_for`), and counted in the
+most ceil((R + bs - 1) / bs) of them, and twice that in the layer being written (its old window and its new one);
+a page that fills and leaves the window in one forward (a prompt's chunk) is quantized from the forward's new
+pairs and borrows none. So F is sized from `serve.max_running` (required, `window_pages_for`) and counted in the
 pool's bytes (`nbytes_for`, equal to the tensors' allocation). Reads dequantize each held slot from its page's
-codes, or take it from its window page (`pairs`): what attention, the policies' scores and their passes see.
+codes, or take it from its window page (`pairs`): what attention, the policies' scores and their passes see; a
+first chunk too reads its pairs back from the pool (the pages it filled and quantized), not as computed.
 """
 
 from __future__ import annotations
@@ -61,8 +63,6 @@ def nbytes_for(*, num_layers, num_blocks, block_size, num_kv_heads, head_dim, dt
 
 
 class QuantPagedPool(PagedPool):
-    fresh_ok = False  # a first chunk reads its own pairs back from the pool: the pages it filled are quantized
-
     def __init__(self, *, quant, window_pages: int, **kw):
         dtype, device, D, bs = kw["dtype"], kw["device"], kw["head_dim"], kw["block_size"]
         if quant.group != bs:
