@@ -45,13 +45,14 @@ def test_int4_batch_max_runs_and_its_record_says_so(tmp_path):
 
 
 def test_int4_batch_max_serves_over_a_quantized_pool(tmp_path):
-    serve = ["mode=serve", "batch_size=1", "serve.max_running=2", "serve.plot=false", "policy.kv_size=128"]
+    serve = ["mode=serve", "batch_size=1", "serve.max_running=2", "serve.plot=false", "policy.kv_size=192"]
     plain = _run(*TINY, *serve, f"results_dir={tmp_path / 'a'}")
     int4 = _run(*TINY, *INT4, "gen.kv_quant_residual=0", *serve, f"results_dir={tmp_path / 'b'}")
     assert plain["status"] == int4["status"] == "ok", int4["error"]
     assert any(e.startswith("serve_quantized_pages") for e in int4["extensions"])
     assert any("4-bit codes" in e for e in int4["extensions"])
-    assert int4["peak_kv_bytes"] < 0.4 * plain["peak_kv_bytes"]  # 0.375 measured: 8 pages a head, one of them also
+    assert int4["serve"]["evicted_blocks"] > 0
+    assert int4["peak_kv_bytes"] < 0.35 * plain["peak_kv_bytes"]  # 0.33 measured: 12 pages a head, one of them also
     # in a full-precision window page (the codes and scales of a page: 0.25 of float32's at the tiny head of 16)
     assert int4["serve"]["pool_bytes"] < plain["serve"]["pool_bytes"]
 
