@@ -115,14 +115,12 @@ class QuantPagedPool(PagedPool):
         written, leaving = [], []
         for t, h, n in zip(tables, held, k, strict=True):  # t (L, H, W), h (L, H)
             j = torch.arange(t.shape[-1])
-            written.append([t[i][(j >= (h[i] // bs)[:, None]) & (j < blocks_for(h[i] + n, bs)[:, None])]
-                            for i in range(t.shape[0])])
+            written.append(_by_layer(t, (j >= (h // bs)[..., None]) & (j < blocks_for(h + n, bs)[..., None])))
             q0 = torch.clamp(h - R, min=0) // bs  # (L, H) pages quantized before (every older one is)
             nq = torch.clamp(h + n - R, min=0) // bs  # (L, H) pages with R newer pairs after them
-            leaving.append([t[i][(j >= q0[i][:, None]) & (j < nq[i][:, None])] for i in range(t.shape[0])])
-        L = self.num_layers
-        self.written = [torch.cat([w[i] for w in written]) for i in range(L)]
-        self.leaving = [torch.cat([x[i] for x in leaving]) for i in range(L)]
+            leaving.append(_by_layer(t, (j >= q0[..., None]) & (j < nq[..., None])))
+        self.written = [torch.cat(w) for w in zip(*written, strict=True)]
+        self.leaving = [torch.cat(x) for x in zip(*leaving, strict=True)]
 
     def write_pairs(self, layer: int, w: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
         """Layer `layer`'s new pairs key/value (1, H, T, D) at flat slots w (T, H): into their pages' window pages,
@@ -211,3 +209,8 @@ class QuantPagedPool(PagedPool):
         k, v = self.part_pairs(part, layer)
         T = part.fresh.stop - part.fresh.start
         return k[:, :, :T], v[:, :, :T]
+
+
+def _by_layer(table: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The page ids of `table` (L, H, W) where `mask` (L, H, W), one tensor per layer."""
+    return table[mask].split(mask.flatten(1).sum(1).tolist())
