@@ -61,7 +61,8 @@ AXES = {
 }  # Combo.kv_cache (gen.kv_cache_dtype) has its refusal rules below; it joins AXES once the product's record
 # (tests/data/matrix_product.json, `python -m tests.matrix_preflight`) is recomputed with it
 KV_SIZE, KV_RATIO, COMPRESSION_RATIO, EVICT_EVERY, NEW_TOKENS, SAMPLES, WINDOW = 48, 0.5, 0.75, 8, 6, 3, 16
-QUANT_GROUP = 16  # gen.kv_quant_group and _residual of a quantized combination: the tiny models' head size
+QUANT_GROUP = 16  # gen.kv_quant_group and _residual of a quantized combination: the tiny models' head size (and BLOCK)
+QUANT_RUNNING = 4  # serve.max_running of a quantized serve combination (its full-precision window pages)
 PROMPT_TOKENS, LAYERS, BLOCK = (161, 214, 273), 2, 16  # QUESTIONS' prompts; both tiny models' layers; serve.block_size
 SERVE_STEP = 256  # serve.max_tokens_per_step's default
 OPENVINO = {"kv_size": 32 + 512 + 128, "protect_first": 32, "protect_recent": 128, "schedule": "decode_only"}  # its areas
@@ -173,8 +174,9 @@ class Combo:
     def quant_overrides(self) -> list[str]:
         if self.kv_cache == "auto":
             return []
+        serve = [f"serve.max_running={QUANT_RUNNING}"] if self.mode == "serve" else []  # the pool's windows: by it
         return [f"gen.kv_cache_dtype={self.kv_cache}", f"gen.kv_quant_group={QUANT_GROUP}",
-                f"gen.kv_quant_residual={QUANT_GROUP}"]
+                f"gen.kv_quant_residual={QUANT_GROUP}", *serve]
 
     @property
     def per_prompt(self) -> bool:
@@ -275,8 +277,8 @@ def violations(c: Combo) -> list[tuple[str, ...]]:
         if c.mode == "serve_limits":
             out.append(("policy.head_budget",))  # the split needs attention scores, which serve_limits never computes
     if c.kv_cache != "auto":
-        if c.serving:
-            out.append(("gen.kv_cache_dtype",))  # serve's paged pool is not quantized
+        if c.mode == "serve_limits":
+            out.append(("gen.kv_cache_dtype",))  # it counts pages, never K/V bytes (serve's pool: a page is a key group)
         if c.rerotate and c.evicts:
             out.append(("policy.rerotate",))  # re-rotation rebuilds keys from copies a quantized cache does not hold
     if c.serving:
@@ -358,6 +360,7 @@ def expected_extensions(c: Combo) -> tuple[list[str], list[str]]:
     departure from the published method, and nothing that was not applied."""
     need, never = [], []
     (need if c.kv_cache != "auto" else never).append(f"{c.kv_cache[3:]}-bit codes" if c.kv_cache != "auto" else "-bit codes")
+    (need if c.kv_cache != "auto" and c.mode == "serve" else never).append("serve_quantized_pages")
     if not c.evicts:
         return need, never + ["rerotate", "kv_ratio", "serve_block", "gqa", "GQA", "published", "head_budget"]
     if c.policy == "streaming_llm":

@@ -138,13 +138,23 @@ def check_whole_prompt(cfg: DictConfig) -> None:
 
 def check_kv_cache(cfg: DictConfig) -> None:
     """gen.kv_cache_dtype and its knobs (kvbench.quant.qconfig: flash and re-rotation refused with a quantized
-    cache); a quantized cache runs in mode=run (static batches) only: serve's paged pool is not quantized."""
+    cache); in mode=serve the paged pool's page is the key group (kvbench.serve.qpool: G = serve.block_size) and its
+    full-precision windows are sized by serve.max_running; serve_limits counts pages only (not quantized)."""
     from kvbench.quant.qconfig import kv_quant
 
     policy = build_policy(cfg)
-    if kv_quant(cfg.gen, rerotate=policy.rerotate and policy.evicts) is not None and cfg.mode in SERVE_MODES:
-        raise ConfigError("gen.kv_cache_dtype", f"mode={cfg.mode} stores K/V in the model's dtype (its paged pool is "
-                          "not quantized): a quantized cache runs with mode=run", cfg.gen.kv_cache_dtype)
+    q = kv_quant(cfg.gen, rerotate=policy.rerotate and policy.evicts)
+    if q is None or cfg.mode not in SERVE_MODES:
+        return
+    if cfg.mode != "serve":
+        raise ConfigError("gen.kv_cache_dtype", f"mode={cfg.mode} counts pages, never K/V bytes: a quantized cache "
+                          "runs with mode=run or mode=serve", cfg.gen.kv_cache_dtype)
+    if q.group != cfg.serve.block_size:
+        raise ConfigError("gen.kv_quant_group", f"serve's quantized pool quantizes a page's keys as one group: it must "
+                          f"equal serve.block_size ({cfg.serve.block_size})", q.group)
+    if cfg.serve.max_running is None:
+        raise ConfigError("serve.max_running", "a quantized pool holds each running request's full-precision window "
+                          "in pages sized by the most requests running at once: set it", None)
 
 
 def check_plan(cfg: DictConfig) -> None:

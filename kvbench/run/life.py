@@ -122,7 +122,7 @@ def _prompts(cfg: DictConfig, record: dict, lm: LoadedModel, policy, task, promp
     record["model_family"] = f"{kinds.family}: {kinds.describe()}"
     described = policy.describe(gqa=kinds.gqa, paged=serve_mode)
     record["extensions"] = described["extensions"] + task_extensions(task, cfg.gen.max_new_tokens)
-    record["extensions"] += quant_extensions(kv_quant(cfg.gen))
+    record["extensions"] += quant_extensions(kv_quant(cfg.gen), serve=cfg.mode == "serve")
     windows, bands = family.split_windows(kinds.windows, max(map(len, ids), default=0) + cfg.gen.max_new_tokens,
                                           policy.kv_size if policy.evicts else None)
     record["compressed_layers"] = [i for i, w in enumerate(windows) if w is None and i not in kinds.linear] \

@@ -150,14 +150,16 @@ def memory_fields(lm: LoadedModel | None, acc: memory.Account | None) -> dict:
     }
 
 
-def quant_extensions(q) -> list[str]:
-    """What a quantized cache (kvbench.quant.qconfig.KVQuant, None: none) changes in a run, for its extensions."""
+def quant_extensions(q, serve: bool = False) -> list[str]:
+    """What a quantized cache (kvbench.quant.qconfig.KVQuant, None: none) changes in a run, for its extensions
+    (`serve`: the paged pool's, whose evictions take whole pages: kvbench.serve.run adds its rule)."""
     if q is None:
         return []
+    evict = "" if serve else ("; an eviction gathers kept values as they are and re-quantizes each key block whose "
+                              "tokens changed")
     return [f"K/V cache stored in {q.bits}-bit codes (KIVI's rule, asymmetric min/max: keys per channel over {q.group} "
             f"tokens, values per token over {q.group} channels; the newest {q.residual} to {q.residual + q.group - 1} "
-            "pairs in the model's dtype); attention and the policy's scores read the pairs dequantized; an eviction "
-            "gathers kept values as they are and re-quantizes each key block whose tokens changed"]
+            f"pairs in the model's dtype); attention and the policy's scores read the pairs dequantized{evict}"]
 
 
 def task_extensions(task, new_tokens: int) -> list[str]:

@@ -8,6 +8,7 @@ One idea per file, nano-vllm style:
     scheduler.py  continuous batching: admission, chunked prefill, preemption, how many blocks to evict
     block_evict.py  block-granular eviction: the evictable area and block scores from a policy's score()
     pool.py       the paged KV pool (pages of one layer and KV head)
+    qpool.py      the paged pool with quantized K/V (gen.kv_cache_dtype): a page is a key group, a window per head
     page_layout.py  one forward's layout (which slots each token writes and reads, per layer and KV head)
     queries.py    each request's newest queries per layer (SnapKV, PyramidKV)
     observe.py    each request's observe-step state (per-pair statistics in its pages, per-row state)

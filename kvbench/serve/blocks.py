@@ -26,6 +26,7 @@ class BlockManager:
         self.pages_per_block = shape[0] * shape[1]
         self.num_pages = num_blocks * self.pages_per_block
         self.free_ids: list[int] = list(range(self.num_pages - 1, -1, -1))  # pop() hands out 0, 1, ... first
+        self.on_give = None  # called with the page ids given back (a quantized pool frees their window pages)
 
     @property
     def num_free(self) -> int:
@@ -49,6 +50,8 @@ class BlockManager:
 
     def _give(self, ids: torch.Tensor) -> None:
         self.free_ids.extend(ids.flip(0).tolist())
+        if self.on_give is not None:
+            self.on_give(ids)
 
     def admit(self, req: Request) -> None:
         """Empty tables for a request that starts (or starts again after a preemption)."""

@@ -44,12 +44,13 @@ class ServeOutput:
     timeline: list[tuple[float, int, int, int]] = field(default_factory=list)  # (t, blocks used, running, waiting)
     pool_bytes: int = 0
     attention: str = ""  # what attended (kvbench.serve.paged_attention.backend)
-    block_bytes: int = 0  # one block in every layer: K, V, positions, statistics
+    block_bytes: int = 0  # one block in every layer: K, V, positions, statistics (+ a quantized pool's window, spread)
     kv_block_bytes: int = 0  # one block in every layer: K and V only
     peak_pages: int = 0  # the most pages in use at once (a page: block_size slots of one layer and KV head)
     pages_per_block: int = 1  # layers x KV heads
     per_head: bool = False  # each (layer, KV head) evicts its own blocks (kvbench.serve.block_evict's head scope)
     decode_pages: list[int] = field(default_factory=list)  # pages in use during each step that decodes a token
+    window_bytes: int = 0  # a quantized pool's most full-precision window pages in use at once, in bytes
 
     @property
     def decode_kv_bytes(self) -> tuple[int | None, int | None]:
@@ -61,8 +62,9 @@ class ServeOutput:
 
     @property
     def peak_kv_bytes(self) -> int:
-        """K and V bytes of the most pages in use at once."""
-        return self.peak_pages * self.kv_block_bytes // self.pages_per_block
+        """K and V bytes of the most pages in use at once (a quantized pool's: its quantized pages, plus the most
+        full-precision window pages it had in use at once)."""
+        return self.peak_pages * self.kv_block_bytes // self.pages_per_block + self.window_bytes
 
 
 def _sync(device) -> None:
@@ -86,9 +88,11 @@ def serve(
     progress=None,
     head_budgets: HeadBudgets | None = None,
     kinds=None,
+    kv_quant=None,
 ) -> ServeOutput:
     """Serve `requests`; `head_budgets` (request -> (L, H) pairs) gives each (layer, KV head) its own budget;
-    `kinds`: the model's attention kinds when the caller has read them (kvbench.models.loaded.LoadedModel.kinds)."""
+    `kinds`: the model's attention kinds when the caller has read them (kvbench.models.loaded.LoadedModel.kinds);
+    `kv_quant`: K/V stored quantized (kvbench.quant.qconfig.KVQuant; kvbench.serve.qpool: needs `max_running`)."""
     rule = BlockRule.of(policy, block_size)
     geo = model_geometry(model, kinds)
     shape = (len(geo["layer_devices"]), geo["num_kv_heads"])
@@ -103,8 +107,10 @@ def serve(
             raise ConfigError("serve.max_tokens_per_step", why, max_tokens_per_step)
     rotate = policy.rerotate and policy.evicts  # cache rotation: kept keys re-rotated to contiguous slots
     runner = ModelRunner(model, num_blocks, block_size, policy, block_score, rotate=rotate, per_head=budgets.per_head,
-                         score_chunk=score_chunk, k=kinds)
+                         score_chunk=score_chunk, k=kinds, kv_quant=kv_quant,
+                         window_pages=_window_pages(kv_quant, shape, block_size, max_running))
     bm = BlockManager(num_blocks, block_size, shape)
+    bm.on_give = runner.pool.given_back
     evictor = runner.evictor if policy.evicts else None
     sched = Scheduler(bm, rule, max_tokens_per_step, max_running, evictor, budgets,
                       runner.reallocate if budgets.adaptive else None)
@@ -164,6 +170,7 @@ def serve(
     out.wall_s = clock
     out.score_pass_s = runner.passes.seconds if runner.passes is not None else 0.0
     out.preemptions, out.recomputed_tokens = sched.preemptions, sched.recomputed_tokens
+    out.window_bytes = runner.pool.window_peak * runner.pool.window_page_bytes
     out.evicted_blocks = sum(r.evicted_blocks for r in requests)
     return out
 
@@ -171,3 +178,16 @@ def serve(
 def _blocks(pages: int, per_block: int) -> int | float:
     """Pages in use as blocks (one page in every layer and KV head): an int when whole."""
     return pages // per_block if pages % per_block == 0 else round(pages / per_block, 3)
+
+
+def _window_pages(kv_quant, shape: tuple[int, int], block_size: int, max_running: int | None) -> int:
+    """Full-precision window pages of a quantized pool (kvbench.serve.qpool), 0 for a pool in the model's dtype."""
+    if kv_quant is None:
+        return 0
+    if max_running is None:
+        raise ConfigError("serve.max_running", "a quantized pool holds each running request's full-precision window "
+                          "in pages sized by the most requests running at once: set it", None)
+    from kvbench.serve.qpool import window_pages_for
+
+    return window_pages_for(num_layers=shape[0], num_kv_heads=shape[1], block_size=block_size,
+                            residual=kv_quant.residual, max_running=max_running)

@@ -25,6 +25,7 @@ from kvbench.serve.page_layout import Layout
 from kvbench.serve.paged_attention import PagedStep
 from kvbench.serve.paged_attention import backend as attention_backend
 from kvbench.serve.pool import PagedPool
+from kvbench.serve.qpool import QuantPagedPool
 from kvbench.serve.queries import QueryWindows
 from kvbench.serve.request import Request
 from kvbench.serve.request_passes import Passes
@@ -34,7 +35,10 @@ from kvbench.serve.score_context import request_stats
 
 class ModelRunner:
     def __init__(self, model, num_blocks: int, block_size: int, policy: Policy, block_score: str = "sum",
-                 rotate: bool = False, per_head: bool = False, score_chunk: int = SCORE_CHUNK, k=None):
+                 rotate: bool = False, per_head: bool = False, score_chunk: int = SCORE_CHUNK, k=None, kv_quant=None,
+                 window_pages: int = 0):
+        """kv_quant: K/V stored quantized (kvbench.quant.qconfig.KVQuant; kvbench.serve.qpool, with `window_pages`
+        full-precision pages), None: in the model's dtype."""
         k = kinds(model.config) if k is None else k  # the model's attention kinds, read once per run
         geo = model_geometry(model, k)
         if not k.plain:  # kvbench.config.preflight refuses it first on the command line
@@ -50,11 +54,13 @@ class ModelRunner:
         self.inv_freq = rope_inv_freq(model).detach().float().cpu() if rotate else None
         L, H = len(geo["layer_devices"]), geo["num_kv_heads"]
         self.shape = (L, H)
-        self.pool = PagedPool(
+        pool = dict(
             num_layers=L, num_blocks=num_blocks, block_size=block_size, num_kv_heads=H, head_dim=geo["head_dim"],
             dtype=geo["dtype"], device=self.device, track_attention=policy.needs.attention, rerotate=rotate,
             pair_state=policy.needs.pair_state if policy.needs.observes else (),
         )
+        self.pool = PagedPool(**pool) if kv_quant is None else QuantPagedPool(**pool, quant=kv_quant,
+                                                                              window_pages=window_pages)
         self.observers = Observers(policy, policy.needs.row_shapes(model.config.num_attention_heads, H, geo["head_dim"]),
                                    L, self.device, getattr(model.get_decoder(), "rotary_emb", None),
                                    attention_modules(model)) if (
@@ -62,7 +68,8 @@ class ModelRunner:
         self.windows = QueryWindows(policy.needs.queries, L, model.config.num_attention_heads, geo["head_dim"],
                                     geo["dtype"], self.device) if policy.evicts and policy.needs.queries else None
         self.passes = Passes(model, self.pool, policy, self.device) if policy.evicts and policy.needs.passes else None
-        self.attention = attention_backend(self.device, geo["dtype"], policy.needs.attention, block_size)
+        self.attention = attention_backend(self.device, geo["dtype"], policy.needs.attention, block_size,
+                                           kv_quant is not None)
 
     @torch.inference_mode()
     def step(self, scheduled: list[Scheduled]) -> dict[int, int]:
@@ -71,6 +78,7 @@ class ModelRunner:
         k = [s.num_tokens for s in scheduled]
         lay = Layout.build(self.pool.block_size, [r.pages for r in reqs], [r.held for r in reqs], k,
                            [r.num_computed for r in reqs], self.device, rotary=self.inv_freq is not None)
+        self.pool.prepare([r.pages for r in reqs], [r.held for r in reqs], k)
         self.pool.pos[lay.write] = lay.source[None, :, None].expand(lay.write.shape)
         if self.pool.rot is not None:  # the rotary position each key is written at: its slot
             self.pool.rot[lay.write] = lay.positions[0][None, :, None].expand(lay.write.shape)

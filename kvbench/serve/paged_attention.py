@@ -32,12 +32,13 @@ from kvbench.attention.fused import fused_attention
 FLASH_BLOCK = 256  # flash-attn's paged KV needs a page size that is a multiple of this
 
 
-def backend(device: torch.device, dtype: torch.dtype, track: bool, block_size: int) -> str:
-    """What a serve run's attention is: paged_flash, paged_fused (statistics) or paged_sdpa."""
+def backend(device: torch.device, dtype: torch.dtype, track: bool, block_size: int, quantized: bool = False) -> str:
+    """What a serve run's attention is: paged_flash (never over quantized pages), paged_fused (statistics) or
+    paged_sdpa."""
     if track:
         return "paged_fused"
     half = dtype in (torch.float16, torch.bfloat16)
-    if half and flash_available(device) and block_size % FLASH_BLOCK == 0:
+    if half and not quantized and flash_available(device) and block_size % FLASH_BLOCK == 0:
         return "paged_flash"
     return "paged_sdpa"
 
@@ -87,8 +88,10 @@ class PagedStep:
         """query (1, Hq, T, D), key/value (1, H_kv, T, D): the packed new tokens of every request."""
         out = paged_attention(self, module.layer_idx, query, key, value, scaling)
         if self.observers is not None:
-            self.observers.observe(self.pool, self.layout.write[module.layer_idx], module.layer_idx, module, query,
-                                   key, value, scaling, self.hidden_states.pop(module.layer_idx, None))
+            w = self.layout.write[module.layer_idx]
+            key, value = self.pool.as_held(w, key, value)  # the new pairs as the pool holds them
+            self.observers.observe(self.pool, w, module.layer_idx, module, query, key, value, scaling,
+                                   self.hidden_states.pop(module.layer_idx, None))
         return out
 
 
@@ -96,14 +99,9 @@ def paged_attention(st: PagedStep, layer: int, query, key, value, scaling) -> to
     """Write the layer's new pairs into their pages, then attend part by part; returns (1, T, Hq, D)."""
     pool, lay = st.pool, st.layout
     w = lay.write[layer]  # (T, H)
-    pool.k[w] = key[0].transpose(0, 1).to(pool.k.dtype)  # (T, H, D)
-    pool.v[w] = value[0].transpose(0, 1).to(pool.v.dtype)
-    if pool.k_src is not None:  # re-rotation's source: the keys as written
-        pool.k_src[w] = pool.k[w]
+    pool.write_pairs(layer, w, key, value)  # a quantized pool (kvbench.serve.qpool) quantizes what left its window
     if st.windows is not None:
         st.windows.update(layer, query, scaling)
-    D, bs = pool.k.shape[-1], pool.block_size
-    kp, vp = pool.k.view(-1, bs, D), pool.v.view(-1, bs, D)  # (P, bs, D)
     q = query[0].transpose(0, 1)  # (T, Hq, D)
     out = torch.empty(q.shape, dtype=query.dtype, device=query.device)
     kind = st.attention
@@ -112,14 +110,14 @@ def paged_attention(st: PagedStep, layer: int, query, key, value, scaling) -> to
     for part in lay.parts:
         qp = q[part.q_index].transpose(1, 2)  # (R_p, Hq, K_q, D)
         if kind == "paged_flash":
+            D, bs = pool.head_dim, pool.block_size
+            kp, vp = pool.k.view(-1, bs, D), pool.v.view(-1, bs, D)  # (P, bs, D)
             out[part.out] = _flash(qp, kp, vp, part, layer, scaling)[part.real]
             continue
-        if part.fresh is not None:  # a first chunk attends to its own new keys: no gather
-            k, v = key[:, :, part.fresh], value[:, :, part.fresh]  # (1, H, k, D)
+        if part.fresh is not None:  # a first chunk attends to its own new keys
+            k, v = pool.fresh_pairs(part, layer, key, value)  # (1, H, k, D)
         else:
-            b = part.blocks[layer]  # (R, H, nb): whole pages
-            k = kp.index_select(0, b.flatten()).view(*b.shape[:2], -1, D)  # (R, H, N, D)
-            v = vp.index_select(0, b.flatten()).view(*b.shape[:2], -1, D)
+            k, v = pool.part_pairs(part, layer)  # (R, H, N, D): whole pages
         view = part.at(layer)
         if kind == "paged_fused":  # output and statistics from one set of probabilities
             o, (w_sum, w_last) = fused_attention(qp, k.to(qp.dtype), v.to(qp.dtype), view, scaling, st.score_chunk)

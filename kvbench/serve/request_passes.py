@@ -47,7 +47,8 @@ class Passes:
         n = torch.full((1,), slots.shape[-1], device=self.device)
 
         def held(layer: int):  # (1, H, N, D) the layer's pairs, read from the request's pages
-            return self.pool.k[slots[layer]][None], self.pool.v[slots[layer]][None], n
+            k, v = self.pool.pairs(slots[layer])  # (H, N, D) each, dequantized by a quantized pool
+            return k[None], v[None], n
 
         state: dict = {}  # layer -> (1, H, N) running max
         run_rows(self.model, held, self.policy, state, [self.policy.scoring_passes(list(context))],

@@ -17,25 +17,33 @@ from omegaconf import DictConfig
 from kvbench import memory
 from kvbench.errors import ConfigError
 from kvbench.models.geometry import model_geometry
+from kvbench.quant.qconfig import kv_quant
 from kvbench.scoring import predictions
-from kvbench.serve import metrics
+from kvbench.serve import metrics, qpool
 from kvbench.serve.budgets import RequestBudgets
 from kvbench.serve.engine import serve
 from kvbench.serve.pool import PagedPool
 from kvbench.serve.workload import build_requests
 
 
-def pool_blocks(cfg: DictConfig, lm, policy, memory_limit: memory.MemoryLimit | None) -> int:
-    """serve.num_blocks, or what memory.limit_gb leaves after the weights (activations not reserved)."""
+def pool_blocks(cfg: DictConfig, lm, policy, memory_limit: memory.MemoryLimit | None, quant=None) -> int:
+    """serve.num_blocks, or what memory.limit_gb leaves after the weights (activations not reserved); a quantized
+    pool (`quant`) counts its blocks in quantized bytes, after its full-precision window pages."""
     if cfg.serve.num_blocks is not None:
         return cfg.serve.num_blocks
     geo = model_geometry(lm.model)
-    per_block = PagedPool.block_bytes(
-        num_layers=len(geo["layer_devices"]), block_size=cfg.serve.block_size, num_kv_heads=geo["num_kv_heads"],
-        head_dim=geo["head_dim"], dtype=geo["dtype"], track_attention=policy.needs.attention,
-        rerotate=policy.rerotate and policy.evicts, own=len(policy.needs.pair_state) if policy.needs.observes else 0,
-    )
+    s = cfg.serve
+    dims = dict(num_layers=len(geo["layer_devices"]), block_size=s.block_size, num_kv_heads=geo["num_kv_heads"],
+                head_dim=geo["head_dim"], dtype=geo["dtype"], track_attention=policy.needs.attention,
+                own=len(policy.needs.pair_state) if policy.needs.observes else 0)
     free = memory_limit.usable - sum(memory.ModelShape.of(lm.model).weights.values())  # memory.reserve_gb is not the pool's
+    if quant is None:
+        per_block = PagedPool.block_bytes(**dims, rerotate=policy.rerotate and policy.evicts)
+    else:
+        window = qpool.window_pages_for(num_layers=dims["num_layers"], num_kv_heads=dims["num_kv_heads"],
+                                        block_size=s.block_size, residual=quant.residual, max_running=s.max_running)
+        free -= qpool.nbytes_for(**dims, num_blocks=0, bits=quant.bits, window_pages=window)
+        per_block = qpool.nbytes_for(**dims, num_blocks=1, bits=quant.bits, window_pages=0)
     n = free // per_block
     if n <= 0:
         raise ConfigError("memory.limit_gb", "leaves no room for a single KV block after the weights", memory_limit.gb)
@@ -55,6 +63,11 @@ def extensions(cfg: DictConfig, policy) -> list[str]:
             if policy.once else "a request evicts the fewest blocks that keep it within its budget"))
         if policy.protect_first % s.block_size:
             ext.append(f"serve_protect_first_rounded_up_to_blocks({policy.protect_first})")
+    if cfg.gen.get("kv_cache_dtype", "auto") != "auto":
+        ext.append("serve_quantized_pages: a page is its keys' quantization group (G = serve.block_size), quantized "
+                   "once when it is full and gen.kv_quant_residual newer pairs follow it; pages leave whole, so "
+                   "eviction re-quantizes nothing (the static cache re-groups the key blocks whose tokens changed); "
+                   "a preempted request's recompute reads its pairs in other chunks, so it is not exact")
     if s.eviction != "policy":
         ext.append(f"serve.eviction={s.eviction}: OpenVINO GenAI's preset (start area {policy.protect_first}, "
                    f"recent area {policy.protect_recent}, {policy.kv_size} tokens in all, NORM_SUM of H2O's "
@@ -65,13 +78,14 @@ def extensions(cfg: DictConfig, policy) -> list[str]:
 def execute(cfg: DictConfig, record: dict, lm, policy, task, samples, ids, memory_limit=None) -> list[dict]:
     s = cfg.serve
     policy.prepare(lm.tokenizer, lm.model)  # once per run, as kvbench.engine.generate does (DuoAttention's pattern)
-    num_blocks = pool_blocks(cfg, lm, policy, memory_limit)
+    quant = kv_quant(cfg.gen, head_dim=lm.kinds.head_dim)  # None: K/V in the model's dtype
+    num_blocks = pool_blocks(cfg, lm, policy, memory_limit, quant)
     reqs = build_requests(ids, cfg.gen.max_new_tokens, s.rate, cfg.seed)
     out = serve(
         lm.model, reqs, policy, num_blocks=num_blocks, block_size=s.block_size,
         max_tokens_per_step=s.max_tokens_per_step, max_running=s.max_running, block_score=s.block_score,
         eos_token_ids=lm.eos_token_ids, ignore_eos=cfg.gen.ignore_eos, score_chunk=cfg.gen.score_chunk,
-        kinds=lm.kinds,
+        kinds=lm.kinds, kv_quant=quant,
     )
     rows, task_metrics, lengths = predictions(task, samples, ids, [r.output for r in reqs], lm,
                                               cfg.output.save_prompt_ids)

@@ -24,10 +24,10 @@ def request_stats(pool, windows, req, policy: Policy, device, observers=None, pa
     sw = lw = keys = values = queries = qpos = None
     if pool.track:
         sw, lw = pool.sum_w[slots][:, None], pool.last_w[slots][:, None]  # (L, 1, H, N)
-    if policy.needs.keys:  # Knorm, KeyDiff, SnapKV: the request's cached keys, as stored (RoPE applied)
-        keys = pool.k[slots][:, None]  # (L, 1, H, N, D)
+    if policy.needs.keys:  # Knorm, KeyDiff, SnapKV: the request's cached keys, as stored (RoPE applied; dequantized)
+        keys = pool.pairs(slots, "k")[:, None]  # (L, 1, H, N, D)
     if policy.needs.values:  # the request's cached values
-        values = pool.v[slots][:, None]  # (L, 1, H, N, D)
+        values = pool.pairs(slots, "v")[:, None]  # (L, 1, H, N, D)
     if windows is not None:
         queries, qpos = windows.get(req.rid)
     scale = windows.scale if windows is not None else None

@@ -82,7 +82,12 @@ REFUSED = {
         replace(BASE, policy="window", schedule="after_prefill", head_budget="adaptive"),
     "`policy.head_budget=adaptive` with a schedule other than `after_prefill`, or `rerotate`":
         replace(BASE, policy="snapkv", head_budget="adaptive"),
-    "`gen.kv_cache_dtype` `int8` or `int4` in `mode=serve` or `serve_limits`": replace(SERVE, kv_cache="int4"),
+    "`gen.kv_cache_dtype` `int8` or `int4` in `mode=serve_limits`": replace(SERVE, kv_cache="int4", mode="serve_limits"),
+    "`gen.kv_cache_dtype` `int8` or `int4` in `mode=serve` without `serve.max_running`":
+        [*TINY, "mode=serve", "batch_size=1", "gen.kv_cache_dtype=int4", "gen.kv_quant_group=16"],
+    "`gen.kv_cache_dtype` `int8` or `int4` in `mode=serve` with `gen.kv_quant_group` other than `serve.block_size`":
+        [*TINY, "mode=serve", "batch_size=1", "gen.kv_cache_dtype=int4", "gen.kv_quant_group=8",
+         "serve.max_running=2"],
     "`gen.kv_cache_dtype` `int8` or `int4` with `policy.rerotate=true`": replace(BASE, kv_cache="int8", rerotate=True),
     "`gen.kv_cache_dtype` `int8` or `int4` with `gen.attention=flash`":
         [*TINY, "gen.kv_cache_dtype=int4", "gen.kv_quant_group=16", "gen.attention=flash"],

@@ -2,8 +2,10 @@
 
 - `gen.kv_cache_dtype=int4 policy=batch_max` runs in mode=run to an ok record that says what was quantized (its
   extensions) and charges less KV than the same run in the model's dtype;
-- mode=serve with a quantized cache is refused in one line before any model loads (the paged pool stores K/V in
-  the model's dtype), as are re-rotation, flash and a group that does not divide the head size;
+- mode=serve with a quantized cache serves Batch-Max over a quantized pool (its peak KV a fraction of the same run's
+  in the model's dtype); without serve.max_running, or with a group other than serve.block_size, it is refused in
+  one line before any model loads, as are serve_limits (it counts pages, never bytes), re-rotation, flash and a
+  group that does not divide the head size;
 - the max-batch search at one accounted memory limit finds a larger batch for int4 Batch-Max than for Batch-Max
   in the model's dtype (search.probe=account: the account alone decides, as on any CPU search), on a model of 32
   layers (with 2, the one layer read dequantized at a time outweighs what the cache saves).
@@ -42,8 +44,22 @@ def test_int4_batch_max_runs_and_its_record_says_so(tmp_path):
     assert int4["config_hash"] != plain["config_hash"]
 
 
+def test_int4_batch_max_serves_over_a_quantized_pool(tmp_path):
+    serve = ["mode=serve", "batch_size=1", "serve.max_running=2", "serve.plot=false", "policy.kv_size=192"]
+    plain = _run(*TINY, *serve, f"results_dir={tmp_path / 'a'}")
+    int4 = _run(*TINY, *INT4, "gen.kv_quant_residual=0", *serve, f"results_dir={tmp_path / 'b'}")
+    assert plain["status"] == int4["status"] == "ok", int4["error"]
+    assert any(e.startswith("serve_quantized_pages") for e in int4["extensions"])
+    assert any("4-bit codes" in e for e in int4["extensions"])
+    assert int4["serve"]["evicted_blocks"] > 0
+    assert int4["peak_kv_bytes"] < 0.35 * plain["peak_kv_bytes"]  # 0.33 measured: 12 pages a head, one of them also
+    # in a full-precision window page (the codes and scales of a page: 0.25 of float32's at the tiny head of 16)
+    assert int4["serve"]["pool_bytes"] < plain["serve"]["pool_bytes"]
+
+
 @pytest.mark.parametrize(("extra", "key"), [
-    (["mode=serve", "batch_size=1"], "gen.kv_cache_dtype"),
+    (["mode=serve", "batch_size=1"], "serve.max_running"),  # the full-precision windows are sized by it
+    (["mode=serve", "batch_size=1", "serve.max_running=2", "serve.block_size=32"], "gen.kv_quant_group"),
     (["mode=serve_limits", "batch_size=1"], "gen.kv_cache_dtype"),
     (["policy.rerotate=true"], "policy.rerotate"),
     (["gen.kv_quant_group=32"], "gen.kv_quant_group"),  # 32 does not divide the tiny models' head size (16)
