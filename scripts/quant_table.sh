@@ -25,3 +25,10 @@ for task in ${TASKS:-cnndm passkey}; do
     done
   done
 done
+# The same question with the model in bfloat16 (a GPU's usual dtype), planned without weights: Batch-Max's largest
+# batch at an accounted 0.37 GiB (weights 0.25 GiB) with the cache at 16 bits, int8 and int4 -> $OUT/plan_bf16.jsonl
+for dtype in auto int8 int4; do
+  $BIN/kvbench-plan experiment=mini_quant_cnndm model.dtype=bfloat16 memory.limit_gb=0.37 gen.kv_cache_dtype=$dtype \
+    data.dir=$DATA_DIR 2>/dev/null | sed -n 's/^kvbench-plan: {/{/p' | $BIN/python -c \
+    "import json, sys; r = json.load(sys.stdin); r['kv_cache_dtype'] = '$dtype'; print(json.dumps(r))" >> "$OUT/plan_bf16.jsonl"
+done

@@ -85,3 +85,13 @@ def test_the_throughputs_the_page_states(data):
     assert round(by[("cnndm", "full", 4)]["throughput_tok_s"], 1) == 2.0
     assert round(by[("cnndm", "full", 32)]["throughput_tok_s"], 1) == 5.7
     assert "2.0 tokens/s\nagainst 5.7" in PAGE
+
+
+def test_the_bfloat16_plans_the_page_states():
+    import json
+
+    plans = [json.loads(line) for line in (FOLDER / "plan_bf16.jsonl").read_text().splitlines()]
+    got = {p["kv_cache_dtype"]: next(r["max_batch_size"] for r in p["rows"] if r["attention"] == "sdpa"
+                                      and r["method"] == "BM") for p in plans}
+    assert got == {"auto": 12, "int8": 12, "int4": 24}
+    assert "Batch-Max's largest batch is again 12 with the cache at 16 bits\nand at int8, 24 at int4" in PAGE
