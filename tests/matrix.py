@@ -112,7 +112,8 @@ SWEEPS = {
                                 "schedule": "after_prefill", "window": 16, "kernel": 3,
                                 "pooling": "max", "pool_window": True, "beta": 2, "budget_rule": "window_plus",
                                 "seed": 1, "per_kv_head": True}),
-    "kv_ratio-rerotate": (tuple(p for p in POLICIES if p not in ("pyramidkv", "kvzip", "kvzip_plus", "duo_attention")),
+    "kv_ratio-rerotate": (tuple(p for p in POLICIES if p not in ("pyramidkv", "kvzip", "kvzip_plus", "kvgrad",
+                                                                 "duo_attention")),
                           {"kv_ratio": KV_RATIO, "rerotate": True}),  # kvzip: global head budgets, no shared rotary
     "compression-protect": (tuple(p for p in POLICIES if p != "extreme_decode"),
                             {"compression_ratio": COMPRESSION_RATIO, "protect_first": 2, "protect_recent": 2}),
@@ -340,6 +341,7 @@ def _cover(seed: int, candidates: int, policies: tuple[str, ...]) -> tuple[Combo
     every = product(policies)
     pairs = {c: _pairs(c) for c in every}
     accepted = [c for c in every if refusal(c) is None]
+    accepted_set = set(accepted)
     feasible = set().union(*(pairs[c] for c in accepted))
     uncovered, chosen = set(feasible), []
     while uncovered:
@@ -352,6 +354,10 @@ def _cover(seed: int, candidates: int, policies: tuple[str, ...]) -> tuple[Combo
         holding = [c for c in every if pair in pairs[c]]
         fewest = min(len(violations(c)) for c in holding)
         chosen.append(rng.choice([c for c in holding if len(violations(c)) == fewest]))
+    refused = {c: refusal(c) for c in every if c not in accepted_set}
+    alone = {r for r in refused.values() if len(r) == 1} - {refused.get(c) for c in chosen}
+    for keys in sorted(alone):  # each refusal key alone at least once, whatever the draws above picked
+        chosen.append(rng.choice([c for c, r in refused.items() if r == keys]))
     return tuple(dict.fromkeys(chosen))
 
 

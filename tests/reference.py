@@ -102,12 +102,13 @@ POLICY_RULES = {"full": None, "window": "newest", "streaming_llm": "newest", "ex
                 "batch_max": "average", "h2o": "sum", "tova": "last_layer", "knorm": "knorm", "keydiff": "keydiff",
                 "random": "random", "snapkv": "snapkv", "pyramidkv": "snapkv",
                 "vatp": "vatp", "lagkv": "lagkv", "chunkkv": "chunkkv", "critical": "critical",
-                "kvzip": "kvzip", "kvzip_plus": "kvzip",
+                "kvzip": "kvzip", "kvzip_plus": "kvzip", "kvgrad": "kvzip",
                 "expected_attention": "expected_attention", "kvzap": "kvzap", "duo_attention": "duo_attention",
                 "compactor": "compactor"}
 # a rule of tests/reference_generate.py's METHODS (compressed once after prefill): its parameters from the policy's
 METHOD_PARAMS = {"kvzip": lambda p: dict(chunk=p.chunk_size, layerwise=p.head_budget == "layerwise"),
                  "kvzip_plus": lambda p: dict(chunk=p.chunk_size, layerwise=p.head_budget == "layerwise", plus=True),
+                 "kvgrad": lambda p: dict(chunk=p.chunk_size, layerwise=p.head_budget == "layerwise", grad=True),
                  "duo_attention": lambda p: _tiny_duo(p),
                  "compactor": lambda p: dict(seed=p.seed, chunk=p.chunk_size, sink_start=p.sink_size_start,
                                              sink_end=p.sink_size_end)}

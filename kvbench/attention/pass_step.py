@@ -9,17 +9,21 @@ to every pair the row holds and to the pass's own earlier pairs (the model's ful
 layers see what the model computes); the pass's own K/V are the layer's transient, never written to the cache
 (kvpress writes them to the cache and truncates after: the same keys, less memory). At each layer the policy's
 `pass_scores(PassContext)` gives a (B, H_kv, N) statistic per held pair; the caller keeps the running max over
-passes per (layer, row, head, pair), handed to the eviction as `ScoreContext.passed`.
+passes per (layer, row, head, pair), handed to the eviction as `ScoreContext.passed`. A policy whose passes need
+gradients (`needs.pass_grad`, KVgrad) has each pass run with autograd (kvbench.attention.pass_grad) and its
+`pass_scores` called per layer after the backward.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from kvbench.attention.interface import _hand_hidden, attention_modules
+from kvbench.attention.pass_grad import backward_pass
 
 
 @dataclass
@@ -34,6 +38,8 @@ class PassContext:
     real:     (B, T) bool, the pass's real tokens
     hidden:   (B, T, h) the hidden states entering the layer's attention (after its input norm)
     module:   the layer's attention module (o_proj: KVzip+); scale: the softmax scale
+    grad:     (B, T) float32 ||dPhi / d the layer's attention output|| per pass token (`needs.pass_grad` only,
+              kvbench.attention.pass_grad); None otherwise
     """
 
     query: torch.Tensor
@@ -48,17 +54,21 @@ class PassContext:
     layer: int
     module: object = None
     hidden: torch.Tensor | None = None
+    grad: torch.Tensor | None = None
 
 
 class PassStep:
     """The `kvbench_step` of one scoring pass: full attention over the held pairs + the pass's own, and the
     policy's per-pair statistic folded into `state` (layer -> (B, H_kv, N) running max). `held(layer)` gives the
-    layer's pairs: (keys (B, H_kv, N, D), values, n (B,)), the static cache's or serve mode's pages."""
+    layer's pairs: (keys (B, H_kv, N, D), values, n (B,)), the static cache's or serve mode's pages.
+    `deferred` (a pass with autograd): each layer's context is kept (its tensors detached, the held pairs read
+    again) and scored by `finish(grads)` after the backward."""
 
-    def __init__(self, held, policy, state: dict, start, end, real):
+    def __init__(self, held, policy, state: dict, start, end, real, deferred: bool = False):
         self.held, self.policy, self.state = held, policy, state
         self.start, self.end, self.real = start, end, real  # (B,), (B,), (B, T) on the model's device
         self.hidden_states: dict = {}
+        self.pending: dict | None = {} if deferred else None  # layer -> PassContext without its held pairs
 
     def hidden(self, layer: int, states: torch.Tensor) -> None:
         self.hidden_states[layer] = states
@@ -76,15 +86,32 @@ class PassStep:
         mask = torch.cat([held, own], dim=-1)[:, None]  # (B, 1, T, N + T)
         out = F.scaled_dot_product_attention(query, torch.cat([held_k, key], 2), torch.cat([held_v, value], 2),
                                              attn_mask=mask, scale=scaling, enable_gqa=True)
-        ctx = PassContext(query=query, keys=held_k, values=held_v, own_keys=key, n=n, start=self.start,
-                          end=self.end, real=self.real, scale=scaling, layer=layer, module=module,
-                          hidden=self.hidden_states.pop(layer, None))
+        hidden = self.hidden_states.pop(layer, None)
+        ctx = PassContext(query=query.detach(), keys=held_k, values=held_v, own_keys=key.detach(), n=n,
+                          start=self.start, end=self.end, real=self.real, scale=scaling, layer=layer, module=module,
+                          hidden=None if hidden is None else hidden.detach())
+        if self.pending is not None:
+            self.pending[layer] = dataclasses.replace(ctx, keys=None, values=None)  # read again after the backward
+        else:
+            self.fold(ctx)
+        return out.transpose(1, 2).contiguous()
+
+    def fold(self, ctx: PassContext) -> None:
+        """The policy's statistic of one layer's pass into the running max."""
         s = self.policy.pass_scores(ctx)  # (B, H_kv, N)
-        prev = self.state.get(layer)
+        N = s.shape[-1]
+        prev = self.state.get(ctx.layer)
         if prev is not None and prev.shape[-1] < N:
             prev = F.pad(prev, (0, N - prev.shape[-1]))
-        self.state[layer] = s if prev is None else torch.maximum(prev, s)
-        return out.transpose(1, 2).contiguous()
+        self.state[ctx.layer] = s if prev is None else torch.maximum(prev, s)
+
+    def finish(self, grads: dict) -> None:
+        """After a deferred pass's backward: each layer scored with its tokens' gradient norms (B, T), one layer's
+        transient at a time."""
+        for layer in list(self.pending):
+            ctx = self.pending.pop(layer)
+            k, v, _ = self.held(layer)
+            self.fold(dataclasses.replace(ctx, keys=k, values=v, grad=grads[layer]))
 
 
 def run_rows(model, held, policy, state: dict, per_row: list, seen: list[int], pad_id: int) -> None:
@@ -117,5 +144,8 @@ def one_pass(model, held, policy, state: dict, rows: list, seen: list[int], pad_
         span[:, b] = torch.tensor([p.start, p.end], device="cpu")
     dev = model.get_input_embeddings().weight.device
     span, real = span.to(dev), real.to(dev)
-    step = PassStep(held, policy, state, span[0], span[1], real)
-    model.get_decoder()(input_ids=ids.to(dev), position_ids=pos.to(dev), use_cache=False, kvbench_step=step)
+    step = PassStep(held, policy, state, span[0], span[1], real, deferred=policy.needs.pass_grad)
+    if policy.needs.pass_grad:
+        backward_pass(model, step, ids.to(dev), pos.to(dev), real)
+    else:
+        model.get_decoder()(input_ids=ids.to(dev), position_ids=pos.to(dev), use_cache=False, kvbench_step=step)

@@ -12,6 +12,10 @@ queries:   the newest W queries processed (RoPE applied), with their positions a
 passes:    scoring passes: extra forwards over token sequences built from each row's context, run at the
            compression point (`Policy.scoring_passes`, `Policy.pass_scores`; kvbench.attention.pass_step), whose per-pair
            statistic the score reads as `ScoreContext.passed`
+pass_grad: the scoring passes run with autograd (kvbench.attention.pass_grad): each pass's objective, the sum over
+           its real tokens of ||last decoder layer's output||^2 (float32), is backpropagated (parameters frozen) and
+           `pass_scores` runs after the backward, `PassContext.grad` giving ||dPhi / d attention output|| per token;
+           the pass's graph is charged in the memory account (kvbench.memory.pass_bytes)
 hidden:    the layer's input hidden states (the attention module's `hidden_states`: after input_layernorm, what
            enters q/k/v), handed to `Policy.observe` at every forward; captured by a forward pre-hook on each
            attention module, registered for the run only when declared (kvbench.attention.kv_attention)
@@ -45,6 +49,7 @@ class Needs:
     values: bool = False
     queries: int = 0
     passes: bool = False
+    pass_grad: bool = False
     hidden: bool = False
     module: bool = False
     pair_state: tuple[str, ...] = ()

@@ -39,6 +39,7 @@ from kvbench.policies import (  # noqa: E402
     Full,
     KeyDiff,
     Knorm,
+    KVgrad,
     KVzap,
     KVzip,
     KVzipPlus,
@@ -80,6 +81,7 @@ COUNTERPARTS = {
                                                                head_budget="adaptive", head_floor=0.2), None)],
     "kvzip": [("kvzip", lambda r: KVzip(compression_ratio=r), None)],
     "kvzip_plus": [("kvzip_plus", lambda r: KVzipPlus(compression_ratio=r), None)],
+    "kvgrad": [("kvgrad", lambda r: KVgrad(compression_ratio=r), None)],
     "expected_attention": [("expected_attention", lambda r: ExpectedAttention(compression_ratio=r, schedule=AP), None)],
     "adakv_expected_attention": [  # the leaderboard's row: AdaKVPress(ExpectedAttentionPress(epsilon=1e-2))
         ("expected_attention head_budget=adaptive epsilon=0.01", lambda r: ExpectedAttention(

@@ -353,7 +353,7 @@ def test_the_cover_holds_every_pair_and_each_refusal_rule():
     singles = {refusal(c) for c in COMBOS if refusal(c) is not None and len(refusal(c)) == 1}
     assert {("batch_size",), ("gen.attention",), ("policy.kv_ratio",), ("policy.compression_ratio",),
             ("policy.rerotate",), ("policy.schedule",), ("serve.block_size",)} <= singles
-    assert len(COMBOS) <= 190 or FULL
+    assert len(COMBOS) <= 200 or FULL  # 192 with KVgrad (the default run's cost: a refused one exits in the CLI)
 
 
 @pytest.mark.parametrize("name", list(SWEEPS))

@@ -583,7 +583,8 @@ def test_crosscheck_of_criticalkv():
            f"int(0.5 x n x 0.5) = {first[1]} and {first[0]} pairs per head")
 
 
-@pytest.mark.parametrize(("folder", "name"), [("kvzip", "KVzip"), ("kvzip_plus", "KVzip+")])
+@pytest.mark.parametrize(("folder", "name"), [("kvzip", "KVzip"), ("kvzip_plus", "KVzip+"),
+                                                ("kvgrad", "KVgrad")])
 def test_crosscheck_of_kvzip(folder, name):
     (r,) = crosscheck(folder).values()
     assert (r["press"], r["ratio"], r["identical_rows"], r["rows"]) == (folder, 0.5, 16, 16)
