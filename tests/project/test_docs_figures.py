@@ -583,14 +583,23 @@ def test_crosscheck_of_criticalkv():
            f"int(0.5 x n x 0.5) = {first[1]} and {first[0]} pairs per head")
 
 
-@pytest.mark.parametrize(("folder", "name"), [("kvzip", "KVzip"), ("kvzip_plus", "KVzip+"),
-                                                ("kvgrad", "KVgrad")])
+@pytest.mark.parametrize(("folder", "name"), [("kvzip", "KVzip"), ("kvzip_plus", "KVzip+")])
 def test_crosscheck_of_kvzip(folder, name):
     (r,) = crosscheck(folder).values()
     assert (r["press"], r["ratio"], r["identical_rows"], r["rows"]) == (folder, 0.5, 16, 16)
     states("docs/crosscheck.md", f"**{name}**, at compression 0.5 on the same 16 prompts", agreement(r) +
            f" ([results/crosscheck/{folder}](../results/crosscheck/{folder}/README.md)")
     states(f"results/crosscheck/{folder}/README.md", agreement(r, ","))
+
+
+def test_crosscheck_of_kvgrad():
+    rows = crosscheck("kvgrad")
+    assert sorted(rows) == [("kvgrad", 0.25), ("kvgrad", 0.5), ("kvgrad", 0.75)]
+    assert all(r["identical_rows"] >= 15 for r in rows.values())
+    at = {ratio: r for (_, ratio), r in rows.items()}
+    states("docs/crosscheck.md", f"**KVgrad**, on the same 16 prompts: at compression 0.5 {agreement(at[0.5])}; at 0.25 "
+                                 f"{agreement(at[0.25])}; at 0.75 {agreement(at[0.75])}")
+    states("results/crosscheck/kvgrad/README.md", *(f"at {ratio}, {agreement(r, ',')}" for ratio, r in at.items()))
 
 
 def test_crosscheck_of_kvzap_by_threshold():
