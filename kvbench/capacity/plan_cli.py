@@ -31,6 +31,9 @@ def table(record: dict) -> str:
         + (f" ({plain / 2**20:.1f} MiB if no layer had a window)" if plain != kv else "")
         + (f"; linear-attention state {state / 2**20:.2f} MiB per sequence, apart from the KV"
            if (state := p["model"].get("state_bytes_per_sequence")) else ""),
+        "  KV per token per layer: " + ", ".join(
+            f"{k['layers']} {'full' if k['window'] is None else 'windowed'} layers {k['kv_heads']} x {k['head_dim']}: "
+            f"{k['bytes']:,} B" for k in p["model"].get("kv_per_token", [])),
         f"  {record['task']}: prompts {p['prompts']['tokens_min']}-{p['prompts']['tokens_max']} tokens"
         f" ({p['prompts']['source']}), {record['max_new_tokens']} new tokens; batch sizes from {len(p['candidates'])}"
         " candidates",

@@ -74,7 +74,7 @@ class ModelKinds:
     @property
     def plain(self) -> bool:
         """Causal softmax attention over every past token in every layer (what serve mode implements)."""
-        return not (self.windowed or self.sinks or self.softcap is not None or self.linear)
+        return not (self.windowed or self.sinks or self.softcap is not None or self.linear or self.shapes)
 
     def describe(self) -> str:
         parts = []
@@ -85,6 +85,8 @@ class ModelKinds:
         if self.linear:
             parts.append(f"{len(self.linear)} of {len(self.windows)} layers linear attention (a fixed state per "
                          "sequence)")
+        if self.shapes:  # the paged pool has one head size
+            parts.append("KV heads x head size differing by layer (" + ", ".join(sorted({f"{h} x {d}" for h, d in self.shapes})) + ")")
         if self.sinks:
             parts.append("learned attention sinks")
         if self.softcap is not None:
