@@ -508,3 +508,14 @@ def test_cli_refuses_a_length_dependent_rope_before_loading(extra, fragment, cap
                         lambda *a, **k: (_ for _ in ()).throw(AssertionError("weights were built")))
     assert_one_line_exit_2(main, ["model=tiny-phi3", "task=passkey", "task.n_samples=1", *extra,
                                   f"results_dir={tmp_path}"], capsys, fragment)
+
+
+@pytest.mark.parametrize("policy,fragment", [
+    ("expected_attention", "expected_attention with head_budget=uniform reads one (KV heads, head size)"),
+    ("kvzap", "kvzap with head_budget=uniform reads one (KV heads, head size)")])
+def test_gemma4_refuses_policies_that_read_one_head_shape(policy, fragment):
+    from kvbench.policies import registry
+
+    with pytest.raises(ConfigError) as e:
+        family.check_policy(model("gemma4").model.config, registry()[policy](kv_size=24))
+    assert "\n" not in str(e.value) and fragment in str(e.value) and "1 x 32, 2 x 16" in str(e.value)

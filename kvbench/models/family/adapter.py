@@ -23,6 +23,7 @@ from kvbench.models.family.table import (
     LAYER_TYPES,
     LINEAR_KINDS,
     NONE,
+    ONE_SHAPE_POLICIES,
     PER_LAYER_SHAPES,
     REFUSED,
     SINKS,
@@ -210,6 +211,9 @@ def check_policy(config, policy, seq_len: int | None = None, k: ModelKinds | Non
         raise ConfigError("policy", f"model family {k.family!r} has no full-attention layer ({k.describe()}{longer}) "
                           f"and the budget (kv_size={policy.kv_size}) is not below any window: windowed layers keep "
                           "their window, so the policy would compress nothing", policy.name)
+    if policy.evicts and k.shapes and (policy.head_budget != "uniform" or policy.name in ONE_SHAPE_POLICIES):
+        raise ConfigError("policy", f"model family {k.family!r} has {k.describe()}: {policy.name} with head_budget="
+                          f"{policy.head_budget} reads one (KV heads, head size) for every layer", policy.name)
     if policy.evicts and policy.rerotate and any(w is not None for w in windows):
         raise ConfigError("policy.rerotate", f"needs full attention in every layer (model family {k.family!r}: "
                           f"{k.describe()})", True)

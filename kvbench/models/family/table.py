@@ -31,6 +31,9 @@ FAMILIES = {
 SINKS = ("gpt_oss",)  # families with a learned attention sink per query head
 # families whose layers may differ in (H_kv, D) (`per_layer_config`: Gemma 4's global layers); why a config is refused
 PER_LAYER_SHAPES = {"gemma4_text": "num_kv_shared_layers"}
+# policies that read one (H_kv, D) for the whole model (pre-RoPE query statistics, a per-head scorer or head
+# pattern of L x H_kv): refused where layers differ, as are adaptive head budgets (the budgets pad H to the most heads)
+ONE_SHAPE_POLICIES = ("expected_attention", "kvzap", "duo_attention")
 SOFTCAP = {"gemma2": "attn_logit_softcapping"}  # families whose attention soft-caps its logits (config field)
 WINDOW_SWITCH = {"smollm3": "use_sliding_window"}  # its sliding layers are windowed only when this field is true
 LAYER_KINDS = ("full_attention", "sliding_attention")
