@@ -45,8 +45,13 @@ class KVCache(Cache):
                  gather_layers: int = 4, num_q_heads: int | None = None, query_window: int = 0,
                  rope_inv_freq: torch.Tensor | None = None, budgets: torch.Tensor | None = None, windows=None,
                  bands=None, linear=(), quant=None, observer=None):
-        self.batch_size_, self.heads, self.head_dim, self.dtype = batch_size, num_kv_heads, head_dim, dtype
-        self.q_heads, self.query_window = num_q_heads or num_kv_heads, query_window
+        self.batch_size_, self.dtype, self.query_window = batch_size, dtype, query_window
+        L = len(layer_devices)  # `num_kv_heads`, `head_dim`: one for all layers, or one per layer (Gemma 4)
+        shapes = [(h, d) for h, d in zip(*(list(x) if isinstance(x, (list, tuple)) else [x] * L
+                                          for x in (num_kv_heads, head_dim)), strict=True)]
+        self.shapes = None if len(set(shapes)) == 1 else shapes
+        self.heads, self.head_dim = shapes[0]  # (the widest group's shape is its own: `Group.k`)
+        self.q_heads = num_q_heads or self.heads
         self.rope_inv_freq = None if rope_inv_freq is None else rope_inv_freq.detach().float().cpu()  # (R/2,)
         self.track_attention, self.gather_layers = track_attention, max(1, gather_layers)
         self.num_layers, self.observer = len(layer_devices), observer  # a policy's observe step, its own state (sink.Observing)
@@ -55,9 +60,10 @@ class KVCache(Cache):
         self.budgets = None if layer is None else layer.to(torch.long).cpu()  # (L, B)
         self.linear, self._groups, self._where = linear_state.build(  # layer -> (group, index in it); a hybrid's apart
             layer_devices, list(capacity) if isinstance(capacity, (list, tuple)) else [capacity], self.budgets, windows, bands, linear, self.rope_inv_freq is not None,
-            lambda gi, dev, layers, cap, row, w: (Group if quant is None else partial(QuantGroup, quant=quant))(layers, batch_size, num_kv_heads, cap, head_dim, dtype, dev,
-                                                       track_attention, self.q_heads, query_window, budget=row, own=observer and observer.policy.needs,
-                                                       rerotate=self.rope_inv_freq is not None, index=gi, sliding=w))
+            lambda gi, dev, layers, cap, row, w: (Group if quant is None else partial(QuantGroup, quant=quant))(layers, batch_size, shapes[layers[0]][0], cap,
+                                                       shapes[layers[0]][1], dtype, dev, track_attention, self.q_heads, query_window, budget=row,
+                                                       own=observer and observer.policy.needs, rerotate=self.rope_inv_freq is not None, index=gi, sliding=w),
+            self.shapes)
         self.seen = torch.zeros(batch_size, dtype=torch.long, device="cpu")  # real tokens processed per sample (CPU)
         self.qpos = torch.full((batch_size, query_window), -1, dtype=torch.long, device="cpu")  # positions of the kept queries
         self.peak_layer_pairs = 0  # max over time of sum over layers and samples of the pairs held

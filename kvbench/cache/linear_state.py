@@ -34,15 +34,29 @@ def attention_groups(layer_devices, caps: list[int], budgets, windows, linear) -
     return [(d, [attn[j] for j in ls], *rest) for d, ls, *rest in groups]
 
 
-def build(layer_devices, caps, budgets, windows, bands, linear, rerotate: bool, make) -> tuple[dict, list, list]:
+def build(layer_devices, caps, budgets, windows, bands, linear, rerotate: bool, make, shapes=None) -> tuple[dict, list, list]:
     """A cache's linear layers (`new_layers`), its groups of attention layers (`make(index, device, layers, capacity,
-    budget row, window)` each; split where their bands differ, kvbench.cache.band) and per model layer its
-    (group, index in it), None for a linear layer."""
+    budget row, window)` each; split where their bands or their `shapes` (per layer (H_kv, D), None: one for all)
+    differ, kvbench.cache.band) and per model layer its (group, index in it), None for a linear layer."""
     runs = band.split_groups(attention_groups(layer_devices, caps, budgets, windows, linear), bands)
+    runs = runs if shapes is None else split_shapes(runs, shapes)
     groups = [make(gi, *run) for gi, (run, _) in enumerate(runs)]
     if rerotate and len({tuple(g.budget.tolist()) for g in groups if g.budget is not None}) > 1:
         raise ValueError("policy.rerotate=true needs the same budget in every layer (rotary positions are shared)")
     return new_layers(linear), groups, band.where(groups, runs, len(layer_devices))
+
+
+def split_shapes(runs: list[tuple], shapes: list) -> list[tuple]:
+    """`split_groups`' runs split further where the layers' (H_kv, D) differ (Gemma 4: global layers have fewer,
+    wider heads): a group's tensors have one shape."""
+    out: list[tuple] = []
+    for (dev, layers, cap, row, w), b in runs:
+        for i, layer in enumerate(layers):
+            if i and shapes[layer] == shapes[layers[i - 1]]:
+                out[-1][0][1].append(layer)
+            else:
+                out.append(((dev, [layer], cap, row, w), b))
+    return out
 
 
 def new_layers(linear) -> dict[int, LinearAttentionLayer]:

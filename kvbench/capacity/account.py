@@ -78,4 +78,15 @@ def window_credit(shape: memory.ModelShape, lengths: list[int], cfg: DictConfig)
     return {"attention_kinds": "; ".join(kinds) or "full attention in every layer",
             "kv_bytes_one_sample": kv(shape), "kv_bytes_one_sample_without_windows": kv(replace(shape, windows=())),
             "state_bytes_per_sequence": shape.state_bytes_per_sequence,  # a hybrid's linear layers, apart from the KV
-            "linear_layers": list(shape.linear)}
+            "linear_layers": list(shape.linear), "kv_per_token": kv_per_token(shape)}
+
+
+def kv_per_token(shape: memory.ModelShape) -> list[dict]:
+    """The K/V bytes one token adds to one layer, per layer kind (window, KV heads, head size), in the model dtype."""
+    kinds: dict[tuple, int] = {}
+    for i in range(sum(shape.layers.values())):
+        if i not in shape.linear:
+            s = shape.of_layer(i)
+            key = (shape.windows[i] if shape.windows else None, s.kv_heads, s.head_dim)
+            kinds[key] = kinds.get(key, 0) + 1
+    return [dict(layers=n, window=w, kv_heads=h, head_dim=d, bytes=2 * h * d * shape.elem) for (w, h, d), n in kinds.items()]

@@ -23,6 +23,7 @@ def table(record: dict) -> str:
     layers = " / ".join(f"{d} {n}" for d, n in sorted(p["model"]["layers"].items()))
     weights = " / ".join(f"{w / memory.GiB:.2f}" for _, w in sorted(p["model"]["weights_bytes"].items()))
     kv, plain = p["model"]["kv_bytes_one_sample"], p["model"]["kv_bytes_one_sample_without_windows"]
+    kinds = p["model"].get("kv_per_token", [])  # the K/V bytes per token of each layer kind
     lines = [
         f"kvbench-plan: {record['model']} ({p['model']['dtype']}, {p['model']['parameters'] / 1e9:.2f}B parameters)"
         f" on {record['device']}, reserve {p['node']['reserve_gb']:g} GiB per device",
@@ -31,6 +32,9 @@ def table(record: dict) -> str:
         + (f" ({plain / 2**20:.1f} MiB if no layer had a window)" if plain != kv else "")
         + (f"; linear-attention state {state / 2**20:.2f} MiB per sequence, apart from the KV"
            if (state := p["model"].get("state_bytes_per_sequence")) else ""),
+        *(["  KV per token per layer: " + ", ".join(  # where layers differ in KV heads or head size (Gemma 4)
+            f"{k['layers']} {'full' if k['window'] is None else 'windowed'} layers {k['kv_heads']} x {k['head_dim']}: "
+            f"{k['bytes']:,} B" for k in kinds)] if len({k["bytes"] for k in kinds}) > 1 else []),
         f"  {record['task']}: prompts {p['prompts']['tokens_min']}-{p['prompts']['tokens_max']} tokens"
         f" ({p['prompts']['source']}), {record['max_new_tokens']} new tokens; batch sizes from {len(p['candidates'])}"
         " candidates",

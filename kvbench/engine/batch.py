@@ -43,7 +43,8 @@ class Batch:
         # a window never cut: full; a budget below a window compresses that layer too (its window bounds it)
         windows, bands = family.split_windows(geometry["windows"], s + max_new_tokens,
                                               policy.kv_size if policy.evicts else None)
-        heads = geometry["num_kv_heads"]
+        heads = geometry["num_kv_heads"]  # per layer where layers differ (Gemma 4): budgets (L, B, H) pad to the most
+        heads = max(heads) if isinstance(heads, list) else heads
         # what the policy compresses: the full-attention layers (windowed ones keep their window)
         full = [w is None and i not in geometry.get("linear", ()) for i, w in enumerate(windows)]
         compressed = [i for i, f in enumerate(full) if f]

@@ -74,7 +74,7 @@ from kvbench.batch_plan import EVICT, RESIZE, BatchPlan, Room, prefill_chunks_of
 from kvbench.budgets import head_rule, knobs
 from kvbench.cache import layer_capacities
 from kvbench.cache.band import split_groups
-from kvbench.cache.linear_state import attention_groups
+from kvbench.cache.linear_state import attention_groups, split_shapes
 from kvbench.memory.pass_bytes import pass_bytes
 from kvbench.memory.shape import ModelShape
 from kvbench.memory.state import state_bytes
@@ -168,7 +168,8 @@ def account(
     chunks = prefill_chunks_of(lengths, policy, prefill_chunk, full_budgets, bool(s.linear))
     widest = max([int(r.max()) for r in chunks] + [q_max])
     caps = layer_capacities(knobs.capacities(policy, lengths, new, budgets, s.kv_heads), windows, lengths, new, widest)
-    groups = [run for run, _ in split_groups(attention_groups(layer_devices, caps, budgets, windows, s.linear), bands)]
+    runs = split_groups(attention_groups(layer_devices, caps, budgets, windows, s.linear), bands)
+    groups = [run for run, _ in (runs if s.shapes is None else split_shapes(runs, s.shapes))]  # as the cache's
     rooms = [Room(c, row, w) for _, _, c, row, w in groups]  # the cache's groups (kvbench.cache.linear_state.build)
     if budgets is None:  # the full cache: one row of "never" budgets
         groups = [(d, ls, c, torch.full((B,), c, dtype=torch.long, device="cpu"), w) for d, ls, c, _, w in groups]
@@ -187,15 +188,16 @@ def account(
         for kind, gi, N, rows, keep, cap in actions:
             if gi not in mine:
                 continue
-            L = len(groups[gi][1])
+            L, sg = len(groups[gi][1]), s.of_layer(groups[gi][1][0])  # the group's (H_kv, D)
             if kind == RESIZE:  # the smaller copy of a compressed prompt, built while the prompt-sized one lives
-                transients.append(cache_bytes(s, B, L, cap, policy))
+                transients.append(cache_bytes(sg, B, L, cap, policy))
             else:  # + the padded prompts (int64), alive throughout
-                transients.append(B * longest * 8 + (evict_bytes(s, L, B, N, rows, keep, policy) if kind == EVICT
-                                                     else trim_bytes(s, L, rows, keep)))
+                transients.append(B * longest * 8 + (evict_bytes(sg, L, B, N, rows, keep, policy) if kind == EVICT
+                                                     else trim_bytes(sg, L, rows, keep)))
         transients.append(pass_bytes(s, policy, lengths, score_chunk, dev == "cpu", backend))  # scoring passes
         state = state_bytes(s, B, [layer_devices[i] for i in s.linear].count(dev))  # a hybrid's linear layers
-        held = {c: sum(cache_bytes(s, B, len(groups[gi][1]), c[gi], policy, groups[gi][4]) for gi in mine) + state
+        held = {c: sum(cache_bytes(s.of_layer(groups[gi][1][0]), B, len(groups[gi][1]), c[gi], policy, groups[gi][4])
+                       for gi in mine) + state
                 for c in set(step_caps)}  # the cache with these capacities (only a resize changes them)
         kv = [held[c] for c in step_caps]  # the cache during each forward
         onload = s.onload.get(dev, 0)  # an offloaded layer's weights, brought here for its forward (accelerate)

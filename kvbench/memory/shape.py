@@ -9,7 +9,7 @@ from a model built on the meta device (no weights) and place its layers itself (
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -38,6 +38,11 @@ class ModelShape:
     linear: tuple = ()  # a hybrid's linear-attention layers (no K/V; kvbench.models.family.hybrid)
     state_bytes_per_sequence: int = 0  # their conv + recurrent states, per sequence, whatever its length
     kv_quant: object = None  # gen.kv_cache_dtype's settings (kvbench.quant.qconfig.KVQuant); None: the model dtype
+    shapes: tuple | None = None  # per decoder layer (H_kv, D) where layers differ (Gemma 4); kv_heads, head_dim: the most
+
+    def of_layer(self, layer: int) -> ModelShape:
+        """This shape with `layer`'s KV heads and head size (a group of the cache holds layers of one shape)."""
+        return self if self.shapes is None else replace(self, kv_heads=self.shapes[layer][0], head_dim=self.shapes[layer][1])
 
     @property
     def elem(self) -> int:
@@ -83,4 +88,5 @@ class ModelShape:
             onload={d: b for d, b in onload.items() if b},
             linear=k.linear,
             state_bytes_per_sequence=0 if k.state is None else k.state.bytes_per_sequence(model.dtype),
+            shapes=k.shapes,
         )

@@ -16,9 +16,9 @@ def model_geometry(model, k=None) -> dict:
     k = kinds(model.config) if k is None else k
     layers = model.get_decoder().layers
     return dict(
-        num_kv_heads=k.kv_heads,
+        num_kv_heads=k.kv_heads if k.shapes is None else [h for h, _ in k.shapes],  # per layer where they differ
         num_q_heads=k.q_heads,
-        head_dim=k.head_dim,
+        head_dim=k.head_dim if k.shapes is None else [d for _, d in k.shapes],
         layer_devices=[layer_device(layer) for layer in layers],
         dtype=model.dtype,
         windows=list(k.windows),

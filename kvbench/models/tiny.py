@@ -125,6 +125,11 @@ FAMILY_ARCHS = {
                                       num_experts_per_tok=2, moe_intermediate_size=32,
                                       shared_expert_intermediate_size=32,
                                       layer_types=["full_attention", "linear_attention"])),  # pads reach layer 1
+    # Gemma 4: a sliding layer (2 KV heads x 16) and a global one (1 KV head x 32, K = V, partial RoPE)
+    "gemma4": ("gemma4_text", dict(head_dim=16, global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,
+                                   sliding_window=16, layer_types=["sliding_attention", "full_attention"],
+                                   hidden_size_per_layer_input=8, vocab_size_per_layer_input=288,
+                                   final_logit_softcapping=30.0)),
     # a family kvbench refuses (tests/models/test_family.py checks the refusal): Gemma 3 with bidirectional attention
     "gemma3-bidirectional": ("gemma3_text", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=16,
                                                  use_bidirectional_attention=True)),

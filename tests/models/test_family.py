@@ -24,7 +24,7 @@ from kvbench import engine
 from kvbench.errors import ConfigError
 from kvbench.models import build_tiny, family
 from kvbench.models.tiny import FAMILY_ARCHS, tiny_config
-from kvbench.policies import H2O, TOVA, Full, PyramidKV, SnapKV, StreamingLLM, Window
+from kvbench.policies import H2O, TOVA, BatchMax, Full, PyramidKV, SnapKV, StreamingLLM, Window
 
 REFUSED_ARCHS = ("gemma3-bidirectional",)  # tiny models of what kvbench refuses
 ARCHS = ["llama", "phi3", *[a for a in FAMILY_ARCHS if a not in REFUSED_ARCHS]]
@@ -78,7 +78,9 @@ def test_known_families_kvbench_cannot_run_say_why_in_one_line():
     for model_type, reason in family.REFUSED.items():
         why = family.refusal(AutoConfig.for_model(model_type))
         assert why and "\n" not in why and model_type in why and reason in why, model_type
-    assert family.refusal(AutoConfig.for_model("gemma4")).startswith("model family 'gemma4_text'")
+    shared = family.refusal(AutoConfig.for_model("gemma4_text", num_kv_shared_layers=2))  # Gemma 4 E2B / E4B
+    assert shared.startswith("model family 'gemma4_text' with num_kv_shared_layers=2") and "\n" not in shared
+    assert family.refusal(AutoConfig.for_model("gemma4")) is None  # Gemma 4 31B's shape, through its text config
     for wrapper in ("qwen3_5", "qwen3_5_moe"):  # hybrids kvbench runs: through their text config
         assert family.refusal(AutoConfig.for_model(wrapper)) is None, wrapper
 
@@ -109,7 +111,7 @@ def test_full_cache_equals_hf_generate_float32(arch, prompts):
 
 @pytest.mark.parametrize("arch", ["llama", "mistral-window", "qwen2-window", "phi3-window", "gemma2", "gemma3",
                                   "starcoder2", "gpt-oss", "mixtral", "qwen3-moe", "glm4", "glm4-moe", "ministral",
-                                  "ministral3", "olmo3", "smollm3", "exaone4", "qwen3.5", "qwen3.5-moe",
+                                  "ministral3", "olmo3", "smollm3", "exaone4", "gemma4", "qwen3.5", "qwen3.5-moe",
                                   "qwen3-next"])
 def test_full_cache_equals_hf_generate_bfloat16(arch, prompts):
     """In bfloat16 with the attention transformers runs (tokens depend on the kernel's rounding)."""
@@ -360,12 +362,41 @@ def test_shipped_choices_of_the_new_families_plan_offline(name, tmp_path):
     assert rows["FKV"]["max_batch_size"] <= rows["H2O"]["max_batch_size"]
 
 
-@pytest.mark.parametrize("name,family_name,why", [("gemma4-31b", "gemma4_text", "head size")])
-def test_shipped_choices_of_refused_families_refuse_the_plan_in_one_line(name, family_name, why, tmp_path):
-    with pytest.raises(ConfigError) as e:
-        _plan(f"model={name}", "plan.gpus=1", "plan.gpu_mem_mib=81920", "plan.prompt_tokens=4000",
-              "plan.backends=[sdpa]", f"results_dir={tmp_path}")
-    assert "\n" not in str(e.value) and f"model family {family_name!r}" in str(e.value) and why in str(e.value)
+def test_gemma4_plans_offline_with_its_kv_per_token_per_layer_kind(tmp_path):
+    """Gemma 4 31B: 50 sliding layers of 16 KV heads x 256, 10 global layers of 4 x 512 (K = V)."""
+    from kvbench.capacity import table
+
+    rec = _plan("model=gemma4-31b", "plan.gpus=1", "plan.gpu_mem_mib=81920", "plan.prompt_tokens=4000",
+                "plan.backends=[sdpa]", "policy=h2o", "policy.kv_size=512", "gen.max_new_tokens=256",
+                "search.candidates=[1,2,4,8]", f"results_dir={tmp_path}")
+    kinds = {(k["window"], k["kv_heads"], k["head_dim"]): (k["layers"], k["bytes"]) for k in rec["plan"]["model"]["kv_per_token"]}
+    assert kinds == {(1024, 16, 256): (50, 16384), (None, 4, 512): (10, 8192)}
+    assert "50 windowed layers 16 x 256: 16,384 B, 10 full layers 4 x 512: 8,192 B" in table(rec)
+    rows = {r["method"]: r for r in rec["plan"]["rows"]}
+    assert rows["FKV"]["max_batch_size"] <= rows["H2O"]["max_batch_size"]
+
+
+@pytest.mark.parametrize("policy", [H2O(kv_size=24, evict_every=1), BatchMax(kv_size=24, evict_every=4)],
+                         ids=lambda p: p.name)
+def test_gemma4_evicts_its_global_layer_under_prefill_and_decode(policy, prompts):
+    """H2O and Batch-Max on tiny Gemma 4: the global layer (1 KV head x 32) is compressed to the budget, the
+    sliding one (2 x 16) keeps its window; the account's cache equals the cache's allocation (per-group shapes)."""
+    lm = model("gemma4")
+    policy = dataclasses.replace(policy, schedule="prefill_and_decode")
+    seen, allocated = [], []
+
+    def watch(ev, c):
+        allocated.append(c.allocated_bytes())
+        seen.append([(g.sliding, tuple(g.layers), (g.k.shape[2], g.k.shape[4]), int(g.n.max()), g.budget)
+                     for g in c.groups])
+
+    out = run(lm, prompts, policy, prefill_chunk=8, observer=watch)
+    assert all(len(t) == NEW for t in out.token_ids)
+    for sliding, layers, hd, n, budget in (g for step in seen for g in step):
+        assert hd == ((2, 16) if layers == (0,) else (1, 32))
+        assert (n <= 16 - 1 + 8) if sliding is not None else n <= int(budget.max())
+    assert max(n for sliding, _, _, n, _ in seen[-1] if sliding is None) <= 24  # compressed (full: 70 + NEW - 1)
+    assert out.accounted.devices["cpu"].kv_cache == out.kv_allocated_bytes == max(allocated)
 
 
 def test_plan_compresses_windowed_layers_below_their_window_and_refuses_a_budget_at_it(tmp_path):
@@ -477,3 +508,14 @@ def test_cli_refuses_a_length_dependent_rope_before_loading(extra, fragment, cap
                         lambda *a, **k: (_ for _ in ()).throw(AssertionError("weights were built")))
     assert_one_line_exit_2(main, ["model=tiny-phi3", "task=passkey", "task.n_samples=1", *extra,
                                   f"results_dir={tmp_path}"], capsys, fragment)
+
+
+@pytest.mark.parametrize("policy,fragment", [
+    ("expected_attention", "expected_attention with head_budget=uniform reads one (KV heads, head size)"),
+    ("kvzap", "kvzap with head_budget=uniform reads one (KV heads, head size)")])
+def test_gemma4_refuses_policies_that_read_one_head_shape(policy, fragment):
+    from kvbench.policies import registry
+
+    with pytest.raises(ConfigError) as e:
+        family.check_policy(model("gemma4").model.config, registry()[policy](kv_size=24))
+    assert "\n" not in str(e.value) and fragment in str(e.value) and "1 x 32, 2 x 16" in str(e.value)

@@ -23,6 +23,8 @@ from kvbench.models.family.table import (
     LAYER_TYPES,
     LINEAR_KINDS,
     NONE,
+    ONE_SHAPE_POLICIES,
+    PER_LAYER_SHAPES,
     REFUSED,
     SINKS,
     SOFTCAP,
@@ -44,6 +46,7 @@ class ModelKinds:
     sinks: bool = False  # learned attention sinks (gpt-oss)
     softcap: float | None = None  # attention logit soft-capping (Gemma 2)
     state: LinearState | None = None  # a hybrid model's linear-attention layers (no K/V: a fixed state per sequence)
+    shapes: tuple[tuple[int, int], ...] | None = None  # per layer (H_kv, D) where they differ (Gemma 4), else None
 
     @property
     def linear(self) -> tuple[int, ...]:
@@ -72,7 +75,7 @@ class ModelKinds:
     @property
     def plain(self) -> bool:
         """Causal softmax attention over every past token in every layer (what serve mode implements)."""
-        return not (self.windowed or self.sinks or self.softcap is not None or self.linear)
+        return not (self.windowed or self.sinks or self.softcap is not None or self.linear or self.shapes)
 
     def describe(self) -> str:
         parts = []
@@ -83,6 +86,8 @@ class ModelKinds:
         if self.linear:
             parts.append(f"{len(self.linear)} of {len(self.windows)} layers linear attention (a fixed state per "
                          "sequence)")
+        if self.shapes:  # the paged pool has one head size
+            parts.append("KV heads x head size differing by layer (" + ", ".join(sorted({f"{h} x {d}" for h, d in self.shapes})) + ")")
         if self.sinks:
             parts.append("learned attention sinks")
         if self.softcap is not None:
@@ -129,7 +134,10 @@ def refusal(config) -> str | None:
     if fam not in FAMILIES:
         return (f"model family {fam!r} is not one kvbench runs exactly (accepted: {', '.join(sorted(FAMILIES))}); "
                 "its attention was never checked against transformers' own")
-    if getattr(cfg, "use_bidirectional_attention", False):
+    if fam in PER_LAYER_SHAPES and getattr(cfg, PER_LAYER_SHAPES[fam], 0):
+        return (f"model family {fam!r} with {PER_LAYER_SHAPES[fam]}={getattr(cfg, PER_LAYER_SHAPES[fam])}: its last layers "
+                "reuse another layer's KV; kvbench's cache has one K/V per layer")
+    if getattr(cfg, "use_bidirectional_attention", False) not in (False, None, "vision"):  # "vision": text stays causal
         return f"model family {fam!r} with use_bidirectional_attention=true: kvbench's attention is causal only"
     if FAMILIES[fam] in (LAYER_TYPES, HYBRID) and (why := _layer_types_problem(cfg, fam)):
         return why
@@ -166,16 +174,27 @@ def kinds(config) -> ModelKinds:
     else:
         windows = (None,) * n
     softcap = getattr(cfg, SOFTCAP[fam], None) if fam in SOFTCAP else None
+    shapes = layer_shapes(cfg, heads)
     return ModelKinds(
         family=fam,
         q_heads=heads,
-        kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
-        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+        kv_heads=max(h for h, _ in shapes),  # the most KV heads of any layer (budgets (L, B, H) pad to it)
+        head_dim=max(d for _, d in shapes),
+        shapes=None if len(set(shapes)) == 1 else tuple(shapes),
         windows=windows,
         sinks=fam in SINKS,
         softcap=None if softcap is None else float(softcap),
         state=linear_state(cfg) if how == HYBRID else None,
     )
+
+
+def layer_shapes(cfg, q_heads: int) -> list[tuple[int, int]]:
+    """Per decoder layer its (H_kv, D): the config's, or each layer's `per_layer_config` (transformers' heterogeneous
+    configs, Gemma 4: global layers have `global_head_dim` and, with `attention_k_eq_v`, `num_global_key_value_heads`)."""
+    per = getattr(cfg, "per_layer_config", None)
+    of = (lambda i: per[i]) if per is not None else (lambda i: cfg)  # noqa: E731
+    return [(int(getattr(of(i), "num_key_value_heads", None) or q_heads),
+             int(getattr(of(i), "head_dim", None) or cfg.hidden_size // q_heads)) for i in range(cfg.num_hidden_layers)]
 
 
 def check_policy(config, policy, seq_len: int | None = None, k: ModelKinds | None = None) -> ModelKinds:
@@ -192,6 +211,9 @@ def check_policy(config, policy, seq_len: int | None = None, k: ModelKinds | Non
         raise ConfigError("policy", f"model family {k.family!r} has no full-attention layer ({k.describe()}{longer}) "
                           f"and the budget (kv_size={policy.kv_size}) is not below any window: windowed layers keep "
                           "their window, so the policy would compress nothing", policy.name)
+    if policy.evicts and k.shapes and (policy.head_budget != "uniform" or policy.name in ONE_SHAPE_POLICIES):
+        raise ConfigError("policy", f"model family {k.family!r} has {k.describe()}: {policy.name} with head_budget="
+                          f"{policy.head_budget} reads one (KV heads, head size) for every layer", policy.name)
     if policy.evicts and policy.rerotate and any(w is not None for w in windows):
         raise ConfigError("policy.rerotate", f"needs full attention in every layer (model family {k.family!r}: "
                           f"{k.describe()})", True)

@@ -25,10 +25,15 @@ FAMILIES = {
     "ministral3": GLOBAL,
     "qwen2": LAYER_TYPES, "qwen3": LAYER_TYPES, "gemma2": LAYER_TYPES, "gemma3_text": LAYER_TYPES,
     "gpt_oss": LAYER_TYPES, "ministral": LAYER_TYPES, "olmo3": LAYER_TYPES, "smollm3": LAYER_TYPES,
-    "exaone4": LAYER_TYPES,
+    "exaone4": LAYER_TYPES, "gemma4_text": LAYER_TYPES,
     "qwen3_5_text": HYBRID, "qwen3_5_moe_text": HYBRID, "qwen3_next": HYBRID,
 }
 SINKS = ("gpt_oss",)  # families with a learned attention sink per query head
+# families whose layers may differ in (H_kv, D) (`per_layer_config`: Gemma 4's global layers); why a config is refused
+PER_LAYER_SHAPES = {"gemma4_text": "num_kv_shared_layers"}
+# policies that read one (H_kv, D) for the whole model (pre-RoPE query statistics, a per-head scorer or head
+# pattern of L x H_kv): refused where layers differ, as are adaptive head budgets (the budgets pad H to the most heads)
+ONE_SHAPE_POLICIES = ("expected_attention", "kvzap", "duo_attention")
 SOFTCAP = {"gemma2": "attn_logit_softcapping"}  # families whose attention soft-caps its logits (config field)
 WINDOW_SWITCH = {"smollm3": "use_sliding_window"}  # its sliding layers are windowed only when this field is true
 LAYER_KINDS = ("full_attention", "sliding_attention")
@@ -53,9 +58,6 @@ REFUSED = {
     "jamba": _HYBRID.format(what="Mamba", kind="linear_attention"),
     "falcon_h1": _HYBRID.format(what="parallel Mamba-2 + attention", kind="hybrid"),
     "zamba2": _HYBRID.format(what="Mamba-2", kind="linear_attention"),
-    "gemma4_text": "its layers differ in head size and KV heads (global layers: global_head_dim, "
-                   "num_global_key_value_heads, K = V with attention_k_eq_v), and with num_kv_shared_layers > 0 its last "
-                   "layers reuse another layer's KV; kvbench's cache has one head size and one K/V per layer",
     "gemma3n_text": "its last num_kv_shared_layers layers reuse another layer's KV; kvbench's cache has one K/V per layer",
     "deepseek_v2": _MLA, "deepseek_v3": _MLA, "glm4_moe_lite": _MLA, "mistral4": _MLA, "longcat_flash": _MLA,
     "deepseek_v32": _MLA + ", with the DSA indexer's keys (layer_types 'indexed_attention') beside it",
