@@ -32,6 +32,17 @@ from kvbench.policies.policy import Policy
 from kvbench.timing import SectionTimer
 
 
+def group_maker(cache: KVCache, shapes: list[tuple[int, int]], quant):
+    """(group index, device, its layers, capacity, budget row, window) -> the cache's `Group` for those layers (a
+    `QuantGroup` with `quant`), of its first layer's (H_kv, D) shape."""
+    kind = Group if quant is None else partial(QuantGroup, quant=quant)
+    own, rerotate = cache.observer and cache.observer.policy.needs, cache.rope_inv_freq is not None
+    return lambda gi, dev, layers, cap, row, w: kind(
+        layers, cache.batch_size_, shapes[layers[0]][0], cap, shapes[layers[0]][1], cache.dtype, dev,
+        cache.track_attention, cache.q_heads, cache.query_window, budget=row, own=own, rerotate=rerotate, index=gi,
+        sliding=w)
+
+
 class KVCache(Cache):
     """The evicting KV cache of one batch (kvbench.cache). `layer_devices[l]` is decoder layer l's device;
     `budgets` the pairs layer l of sample b may hold (kvbench.budgets.Budgets, or its (L, B) tensor);
@@ -59,18 +70,14 @@ class KVCache(Cache):
         layer = budgets.layer if isinstance(budgets, Budgets) else budgets
         self.budgets = None if layer is None else layer.to(torch.long).cpu()  # (L, B)
         self.linear, self._groups, self._where = linear_state.build(  # layer -> (group, index in it); a hybrid's apart
-            layer_devices, list(capacity) if isinstance(capacity, (list, tuple)) else [capacity], self.budgets, windows, bands, linear, self.rope_inv_freq is not None,
-            lambda gi, dev, layers, cap, row, w: (Group if quant is None else partial(QuantGroup, quant=quant))(layers, batch_size, shapes[layers[0]][0], cap,
-                                                       shapes[layers[0]][1], dtype, dev, track_attention, self.q_heads, query_window, budget=row,
-                                                       own=observer and observer.policy.needs, rerotate=self.rope_inv_freq is not None, index=gi, sliding=w),
-            self.shapes)
+            layer_devices, list(capacity) if isinstance(capacity, (list, tuple)) else [capacity], self.budgets, windows,
+            bands, linear, self.rope_inv_freq is not None, group_maker(self, shapes, quant), self.shapes)
         self.seen = torch.zeros(batch_size, dtype=torch.long, device="cpu")  # real tokens processed per sample (CPU)
         self.qpos = torch.full((batch_size, query_window), -1, dtype=torch.long, device="cpu")  # positions of the kept queries
         self.peak_layer_pairs = 0  # max over time of sum over layers and samples of the pairs held
         self.peak_kv_bytes = 0  # largest KV held at once (kept pairs, all layers and samples; K and V: `held_bytes`)
         self.evictions = self.step_keys = 0
-        self._layout: tuple | None = None  # this forward's CPU layout (shared, per group)
-        self._steps: dict[int, Step] = {}
+        self._layout, self._steps = None, {}  # this forward's CPU layout (shared, per group), its Steps by group
         self.devices = list(dict.fromkeys(g.device for g in self._groups))
         self.timer = SectionTimer()  # "evict" (engine) and "attn_stats" (kvbench.attention) sections
         super().__init__(layers=[self.linear.get(i) or LayerView(self, i) for i in range(self.num_layers)])
