@@ -126,7 +126,7 @@ def test_every_registered_policy_serves_over_an_int4_pool(tiny_llama, name):
     scores, observe step and scoring passes read the pairs dequantized; every window page goes back at the end."""
     from kvbench.serve import engine as serve_engine
 
-    policy = _after_prefill(registry()[name])
+    policy = _after_prefill(registry()[name])  # kv 8: pages of 4, so whole pages reach it (the preflight refuses less)
     policy.prepare(tiny_llama.tokenizer, tiny_llama.model)
     pools = []
     runner = serve_engine.ModelRunner
@@ -139,8 +139,8 @@ def test_every_registered_policy_serves_over_an_int4_pool(tiny_llama, name):
     reqs = [Request(rid=i, prompt=list(p), max_new_tokens=6) for i, p in enumerate(random_prompts((40, 28, 35), 5))]
     serve_engine.ModelRunner = Spy
     try:
-        serve(tiny_llama.model, reqs, policy, num_blocks=40, block_size=BS, max_tokens_per_step=64, max_running=2,
-              kv_quant=KVQuant(4, BS, 0))
+        serve(tiny_llama.model, reqs, policy, num_blocks=160, block_size=4, max_tokens_per_step=64, max_running=2,
+              kv_quant=KVQuant(4, 4, 0))
     finally:
         serve_engine.ModelRunner = runner
     assert all(len(r.output) == 6 for r in reqs)
