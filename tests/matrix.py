@@ -323,9 +323,15 @@ def product(policies: tuple[str, ...] | None = None) -> list[Combo]:
     return [Combo(*values) for values in itertools.product(policies or axes[0], *axes[1:])]
 
 
-def _pairs(c: Combo) -> set[tuple]:
-    items = [(f.name, getattr(c, f.name)) for f in fields(Combo) if f.name in AXES]  # the axes' values
-    return set(itertools.combinations(items, 2))
+def _pair_ids(every: list[Combo]) -> tuple[list[frozenset[int]], list[tuple]]:
+    """Each combination's pairs of axis values as ints, and each int's pair ((axis, value), (axis, value))."""
+    names = [f.name for f in fields(Combo) if f.name in AXES]
+    index: dict[tuple, int] = {}
+    out = []
+    for c in every:
+        items = [(n, getattr(c, n)) for n in names]  # the axes' values
+        out.append(frozenset(index.setdefault(pair, len(index)) for pair in itertools.combinations(items, 2)))
+    return out, list(index)
 
 
 def pairwise(seed: int = 0, candidates: int = 400, policies: tuple[str, ...] | None = None) -> tuple[Combo, ...]:
@@ -339,26 +345,31 @@ def pairwise(seed: int = 0, candidates: int = 400, policies: tuple[str, ...] | N
 def _cover(seed: int, candidates: int, policies: tuple[str, ...]) -> tuple[Combo, ...]:
     rng = random.Random(seed)
     every = product(policies)
-    pairs = {c: _pairs(c) for c in every}
-    accepted = [c for c in every if refusal(c) is None]
-    accepted_set = set(accepted)
-    feasible = set().union(*(pairs[c] for c in accepted))
+    pairs, pair_of = _pair_ids(every)  # pairs[i]: combination i's pairs as ints; pair_of[p]: pair p
+    order = {p: str(pair) for p, pair in enumerate(pair_of)}  # pairs are taken in the order of their text
+    met = [violations(c) for c in every]  # each combination's refusals, computed once
+    accepted = [i for i in range(len(every)) if not met[i]]
+    feasible = set().union(*(pairs[i] for i in accepted))
     uncovered, chosen = set(feasible), []
     while uncovered:
-        target = min(uncovered, key=str)  # one pair that must get covered now: the loop always progresses
-        pool = rng.sample(accepted, min(candidates, len(accepted))) + [c for c in accepted if target in pairs[c]]
-        best = max(pool, key=lambda c: (target in pairs[c], len(pairs[c] & uncovered)))
+        target = min(uncovered, key=order.get)  # one pair that must get covered now: the loop always progresses
+        pool = rng.sample(accepted, min(candidates, len(accepted))) + [i for i in accepted if target in pairs[i]]
+        best = max(pool, key=lambda i: (target in pairs[i], len(pairs[i] & uncovered)))
         chosen.append(best)
         uncovered -= pairs[best]
-    for pair in sorted(set().union(*pairs.values()) - feasible, key=str):
-        holding = [c for c in every if pair in pairs[c]]
-        fewest = min(len(violations(c)) for c in holding)
-        chosen.append(rng.choice([c for c in holding if len(violations(c)) == fewest]))
-    refused = {c: refusal(c) for c in every if c not in accepted_set}
-    alone = {r for r in refused.values() if len(r) == 1} - {refused.get(c) for c in chosen}
+    infeasible = set(range(len(pair_of))) - feasible
+    holders: dict[int, list[int]] = {p: [] for p in infeasible}  # the combinations holding each, in order
+    for i, held in enumerate(pairs):
+        for p in held & infeasible:
+            holders[p].append(i)
+    for p in sorted(infeasible, key=order.get):
+        fewest = min(len(met[i]) for i in holders[p])
+        chosen.append(rng.choice([i for i in holders[p] if len(met[i]) == fewest]))
+    refused = {i: tuple(sorted({k for keys in met[i] for k in keys})) for i in range(len(every)) if met[i]}
+    alone = {r for r in refused.values() if len(r) == 1} - {refused.get(i) for i in chosen}
     for keys in sorted(alone):  # each refusal key alone at least once, whatever the draws above picked
-        chosen.append(rng.choice([c for c, r in refused.items() if r == keys]))
-    return tuple(dict.fromkeys(chosen))
+        chosen.append(rng.choice([i for i, r in refused.items() if r == keys]))
+    return tuple(every[i] for i in dict.fromkeys(chosen))  # (refused[i]: refusal(every[i]), computed once)
 
 
 def expected_extensions(c: Combo) -> tuple[list[str], list[str]]:
