@@ -32,7 +32,12 @@ def nothing_written_into_the_checkout():
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# xdist's workers share the cores: one worker per core, one torch thread each (threads of two workers
+# oversubscribed two cores and waited on each other); the processes tests start inherit the same
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+_THREADS = max(1, min(2, (os.cpu_count() or 1) // _WORKERS))
+os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
+torch.set_num_threads(_THREADS)
 
 
 SMOLLM2_TEXTS = [  # four prompts of different lengths for the slow tests on the real default model
