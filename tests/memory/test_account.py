@@ -287,3 +287,16 @@ def test_warmup_batch_is_run_but_not_counted(tiny_llama):
     assert warm.token_ids == plain.token_ids and warm.batches == plain.batches == 2
     assert warm.generated_tokens == plain.generated_tokens == 4 * 5
     assert len(calls) == 3 * (1 + 4)  # three batches ran (warm-up + two), each 1 prefill + 4 decode forwards
+
+
+@pytest.mark.parametrize("schedule", ["after_prefill", "decode_only"])
+def test_after_prefill_frees_the_query_window_at_its_one_compression(tiny_llama, schedule):
+    """SnapKV's query window is read by its score only: after_prefill's one compression is its last reader, so
+    the cache gives it back there (decode_only keeps it: every eviction while decoding reads it)."""
+    held = []  # after each forward and eviction: does every group still hold its window?
+    policy = SnapKV(kv_size=32, window=8, evict_every=8, schedule=schedule)
+    generate_batch(tiny_llama.model, random_prompts((90, 70), seed=3), policy, max_new_tokens=6,
+                   observer=lambda kind, cache: held.append((kind, [g.q is not None for g in cache.groups])))
+    kinds = [k for k, _ in held]
+    assert "evict" in kinds and all(all(h) for _, h in held[: kinds.index("evict")])  # held until the compression
+    assert all(all(h) if schedule == "decode_only" else not any(h) for _, h in held[kinds.index("evict"):])
