@@ -135,7 +135,7 @@ def prompts(work: Path, data_dir: str) -> None:
 
     lm = load()
     task = CNNDM(n_samples=N_PROMPTS, n_shot=0, max_input_tokens=MAX_TOKENS, data_dir=data_dir)
-    rows = data.load(task.source, "test", data_dir)[:N_PROMPTS]  # the first rows of the split, in order
+    rows = data.load(task.dataset, task.split, data_dir)[:N_PROMPTS]  # the first rows of the split, in order
     ids, refs = [], []
     for row in rows:
         prompt, _ = task.prompt(lm.tokenizer, row, [])
