@@ -8,7 +8,8 @@ The account, per device, for a batch of B samples (e = bytes of the model dtype;
 I MLP width, V vocabulary, Hq / H query / KV heads, D head dim, L layers on the device):
 
     peak = weights + KV cache + the largest transient
-    weights     parameters and buffers as loaded (exact)
+    weights     parameters and buffers as loaded (exact), + the policy's own for the device's layers
+                (`Policy.weight_bytes`: KVzap's scorer, from its config)
     KV cache    (+ a hybrid's linear-attention states, B x their bytes per sequence: `kvbench.memory.state`)
                 the preallocated cache, exact: `KVCache.nbytes_for` (K, V, positions, statistics), per
                 group of layers (`kvbench.cache.storage.form_groups`: per-layer budgets give each layer its own
@@ -201,7 +202,8 @@ def account(
                 for c in set(step_caps)}  # the cache with these capacities (only a resize changes them)
         kv = [held[c] for c in step_caps]  # the cache during each forward
         onload = s.onload.get(dev, 0)  # an offloaded layer's weights, brought here for its forward (accelerate)
-        devices[dev] = Footprint(weights=s.weights.get(dev, 0), kv_cache=max(kv), transient=max(transients) + onload,
+        own = policy.weight_bytes(layers=s.layers[dev], hidden=s.hidden, kv_heads=s.kv_heads, elem=s.elem, model=s.name)
+        devices[dev] = Footprint(weights=s.weights.get(dev, 0) + own, kv_cache=max(kv), transient=max(transients) + onload,
                                  kv_steps=tuple(kv))
     for dev, w in s.weights.items():  # devices with weights but no decoder layer (e.g. the lm_head's)
         devices.setdefault(dev, Footprint(weights=w, kv_cache=0, transient=0))
