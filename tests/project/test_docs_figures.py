@@ -627,6 +627,17 @@ def test_crosscheck_of_duo_attention():
                                                f"script), {agreement(few, ',')}.")
 
 
+def test_crosscheck_of_adakv_over_compactor():
+    rows = crosscheck("adakv_compactor")
+    assert sorted(rows) == [("adakv_compactor", r) for r in (0.25, 0.5, 0.75)]
+    assert rows[("adakv_compactor", 0.5)]["identical_rows"] >= 15
+    at = {ratio: r for (_, ratio), r in rows.items()}
+    states("docs/crosscheck.md", f"on the same 16 prompts: at compression 0.5 {agreement(at[0.5])}; at 0.25 "
+                                 f"{agreement(at[0.25])}; at 0.75 {agreement(at[0.75])} ([results/crosscheck/adakv_compactor]")
+    states("results/crosscheck/adakv_compactor/README.md",
+           *(f"at {ratio}, {agreement(at[ratio], ',')}" for ratio in (0.5, 0.25, 0.75)))
+
+
 def test_crosscheck_at_compression_0_25():
     rows, doc, readme = crosscheck("ratios"), "docs/crosscheck.md", "results/crosscheck/ratios/README.md"
     same = [rows[(p, 0.25)] for p in ("expected_attention", "adakv_expected_attention", "critical_expected_attention",
