@@ -124,6 +124,13 @@ class Account:
         )
 
 
+def policy_weights(s: ModelShape, policy, dev: str) -> int:
+    """Bytes of the weights `policy` holds beside the model's on `dev`, for its decoder layers there (`Policy.
+    weight_bytes`: KVzap's scorer); the account and serve mode's pool charge them."""
+    return policy.weight_bytes(layers=s.layers.get(dev, 0), hidden=s.hidden, kv_heads=s.kv_heads, elem=s.elem,
+                               model=s.name)
+
+
 def fold(plan: BatchPlan) -> tuple[set, set, list[tuple[int, ...]]]:
     """What the account reads off a batch's plan (kvbench.batch_plan, the steps the engine executes): the forwards
     {(width T, each group's keys N, makes logits)}, the actions {(kind, group, held N, rows, most kept, capacity)}
@@ -202,8 +209,7 @@ def account(
                 for c in set(step_caps)}  # the cache with these capacities (only a resize changes them)
         kv = [held[c] for c in step_caps]  # the cache during each forward
         onload = s.onload.get(dev, 0)  # an offloaded layer's weights, brought here for its forward (accelerate)
-        own = policy.weight_bytes(layers=s.layers[dev], hidden=s.hidden, kv_heads=s.kv_heads, elem=s.elem, model=s.name)
-        devices[dev] = Footprint(weights=s.weights.get(dev, 0) + own, kv_cache=max(kv), transient=max(transients) + onload,
+        devices[dev] = Footprint(weights=s.weights.get(dev, 0) + policy_weights(s, policy, dev), kv_cache=max(kv), transient=max(transients) + onload,
                                  kv_steps=tuple(kv))
     for dev, w in s.weights.items():  # devices with weights but no decoder layer (e.g. the lm_head's)
         devices.setdefault(dev, Footprint(weights=w, kv_cache=0, transient=0))
