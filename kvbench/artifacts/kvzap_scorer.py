@@ -11,6 +11,7 @@ Hub layout (`nvidia/KVzap-{mlp|linear}-<model name>`): `config.json` (`model_typ
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from torch import nn
 from kvbench.errors import ConfigError
 
 KEY = "policy.scorer"
+TINY_WIDTH = 8  # a random MLP scorer's hidden width (tests, smoke runs); the published ones: 512
 _ANSWERS: dict[str, bool] = {}  # whether the Hub answered, asked once per process
 
 
@@ -43,14 +45,41 @@ class KVzapScorer(nn.Module):
         return module(hidden).transpose(1, 2)  # (B, T, H_kv) -> (B, H_kv, T)
 
     def param_bytes(self, dtype: torch.dtype) -> int:
-        """Bytes of the weights held in `dtype` (to charge in the memory account): L (hidden*hd + hd*H_kv) plus
-        biases for the MLP; for an 8B model's MLP scorer (32 layers, 4096, 512, 8) about 134 MB in bfloat16."""
+        """Bytes of the weights held in `dtype`: L (hidden*hd + hd*H_kv) plus biases for the MLP; for an 8B model's
+        MLP scorer (32 layers, 4096, 512, 8) about 134 MB in bfloat16 (the account: `module_params`)."""
         return sum(p.numel() for p in self.parameters()) * torch.empty((), dtype=dtype).element_size()
 
     def config(self) -> dict:
         """The `config.json` fields kvpress's `KVzapConfig` reads."""
         return {"model_type": "kvzap", "architectures": ["KVzapModel"], "input_dim": self.input_dim,
                 "output_dim": self.output_dim, "n_modules": self.n_modules, "hidden_dim": self.hidden_dim}
+
+
+def module_params(input_dim: int, output_dim: int, hidden_dim: int | None) -> int:
+    """Parameters of one layer's module as `KVzapScorer` allocates it (nn.Linear weights and biases), for the memory
+    account: hidden_dim None = linear."""
+    if hidden_dim is None:
+        return input_dim * output_dim + output_dim
+    return input_dim * hidden_dim + hidden_dim + hidden_dim * output_dim + output_dim
+
+
+def is_random(source: str | None, name_or_path: str) -> bool:
+    """Whether `kvbench.policies.kvzap` builds a random scorer: `scorer=tiny`, or none given for a nameless model
+    (kvbench's tiny random ones, for which nothing is published)."""
+    return source == "tiny" or (source is None and not name_or_path)
+
+
+@functools.cache
+def scorer_width(source: str | None, model_type: str, name_or_path: str) -> int | None:
+    """The hidden width of the scorer the policy loads (None: linear), from its config.json alone (no weights: the
+    memory account and the planner read it): a random one's is TINY_WIDTH (mlp)."""
+    if is_random(source, name_or_path):
+        return None if model_type == "linear" else TINY_WIDTH
+    source = source or hub_id(model_type, name_or_path)
+    path = scorer_dir(source, ("config.json",)) / "config.json"
+    if not path.is_file():
+        raise ConfigError(KEY, "the scorer folder has no config.json", source)
+    return json.loads(path.read_text()).get("hidden_dim")
 
 
 def hub_id(model_type: str, name_or_path: str) -> str:
@@ -60,8 +89,8 @@ def hub_id(model_type: str, name_or_path: str) -> str:
     return f"nvidia/KVzap-{model_type}-{name_or_path.rstrip('/').split('/')[-1]}"
 
 
-def scorer_dir(source: str) -> Path:
-    """A local folder as is; otherwise a Hub repository id fetched with huggingface_hub (config + weights only),
+def scorer_dir(source: str, files: tuple[str, ...] = ("config.json", "*.safetensors")) -> Path:
+    """A local folder as is; otherwise a Hub repository id fetched with huggingface_hub (`files`: config + weights),
     from the local Hugging Face cache alone when HF_HUB_OFFLINE is set or the Hub does not answer in time."""
     path = Path(source).expanduser()
     if path.is_dir():
@@ -74,7 +103,7 @@ def scorer_dir(source: str) -> Path:
     local_only = offline() or not answers(huggingface_hub.constants.ENDPOINT, HUB_TIMEOUT, _ANSWERS)
     try:
         return Path(huggingface_hub.snapshot_download(
-            source, allow_patterns=["config.json", "*.safetensors"], local_files_only=local_only))
+            source, allow_patterns=list(files), local_files_only=local_only))
     except Exception as e:  # not cached offline, unknown repository, gated
         where = "not in the local Hugging Face cache and the Hub cannot be reached" if local_only else \
             f"the Hub gave no scorer ({type(e).__name__})"

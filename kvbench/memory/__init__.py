@@ -11,7 +11,7 @@ Modules, pure arithmetic first, side effects last (imports go down this list, ne
 
 * `shape`: `ModelShape`, the numbers of a loaded model the account needs (the only model introspection).
 * `terms`: transient bytes of one forward, one eviction, one window trim; a cache's bytes.
-* `accounting`: `account`, the batch's plan (kvbench.batch_plan, what the engine executes) folded, the largest term per device (its
+* `accounting`: `account` (with `policy_weights`, a policy's own weights), the batch's plan (kvbench.batch_plan, what the engine executes) folded, the largest term per device (its
   docstring has the formulas); `Account`, `Footprint`.
 * `limit`: `MemoryLimit` (memory.limit_gb less memory.reserve_gb) and admission (`MemoryLimitExceeded`,
   `ModelDoesNotFit`).
@@ -25,7 +25,7 @@ module that defines it unless its caller looks it up here (e.g. the engine calls
 
 from __future__ import annotations
 
-from kvbench.memory.accounting import Account, Footprint, GiB, account, fold
+from kvbench.memory.accounting import Account, Footprint, GiB, account, fold, policy_weights
 from kvbench.memory.cap import apply_cuda_cap
 from kvbench.memory.limit import MemoryLimit, MemoryLimitExceeded, ModelDoesNotFit, memory_limit_of
 from kvbench.memory.measure import (
@@ -56,6 +56,6 @@ __all__ = [
     "EVICT_BYTES", "GATHER_LAYERS", "HIDDEN_BUFFERS", "ID_BUFFERS", "OOM_KINDS", "OOM_MESSAGES", "ROPE_BUFFERS",
     "ROTATE_ACC", "Account", "Footprint", "GiB", "MemoryLimit", "MemoryLimitExceeded",
     "ModelDoesNotFit", "ModelShape", "account", "apply_cuda_cap", "cache_bytes", "cpu_sdpa_workspace",
-    "cuda_devices", "evict_bytes", "fold", "forward_bytes", "is_oom", "measured_peaks", "memory_level", "memory_limit_of",
+    "cuda_devices", "evict_bytes", "fold", "forward_bytes", "policy_weights", "is_oom", "measured_peaks", "memory_level", "memory_limit_of",
     "oom_kind", "release", "reserved_peaks", "reset_peaks", "trim_bytes",
 ]

@@ -8,7 +8,8 @@ The account, per device, for a batch of B samples (e = bytes of the model dtype;
 I MLP width, V vocabulary, Hq / H query / KV heads, D head dim, L layers on the device):
 
     peak = weights + KV cache + the largest transient
-    weights     parameters and buffers as loaded (exact)
+    weights     parameters and buffers as loaded (exact), + the policy's own for the device's layers
+                (`Policy.weight_bytes`: KVzap's scorer, from its config)
     KV cache    (+ a hybrid's linear-attention states, B x their bytes per sequence: `kvbench.memory.state`)
                 the preallocated cache, exact: `KVCache.nbytes_for` (K, V, positions, statistics), per
                 group of layers (`kvbench.cache.storage.form_groups`: per-layer budgets give each layer its own
@@ -124,6 +125,13 @@ class Account:
         )
 
 
+def policy_weights(s: ModelShape, policy, dev: str) -> int:
+    """Bytes of the weights `policy` holds beside the model's on `dev`, for its decoder layers there (`Policy.
+    weight_bytes`: KVzap's scorer); the account and serve mode's pool charge them."""
+    return policy.weight_bytes(layers=s.layers.get(dev, 0), hidden=s.hidden, kv_heads=s.kv_heads, elem=s.elem,
+                               model=s.name)
+
+
 def fold(plan: BatchPlan) -> tuple[set, set, list[tuple[int, ...]]]:
     """What the account reads off a batch's plan (kvbench.batch_plan, the steps the engine executes): the forwards
     {(width T, each group's keys N, makes logits)}, the actions {(kind, group, held N, rows, most kept, capacity)}
@@ -204,7 +212,7 @@ def account(
                 for c in set(step_caps)}  # the cache with these capacities (only a resize changes them)
         kv = [held[c] for c in step_caps]  # the cache during each forward
         onload = s.onload.get(dev, 0)  # an offloaded layer's weights, brought here for its forward (accelerate)
-        devices[dev] = Footprint(weights=s.weights.get(dev, 0), kv_cache=max(kv), transient=max(transients) + onload,
+        devices[dev] = Footprint(weights=s.weights.get(dev, 0) + policy_weights(s, policy, dev), kv_cache=max(kv), transient=max(transients) + onload,
                                  kv_steps=tuple(kv))
     for dev, w in s.weights.items():  # devices with weights but no decoder layer (e.g. the lm_head's)
         devices.setdefault(dev, Footprint(weights=w, kv_cache=0, transient=0))

@@ -39,6 +39,7 @@ class ModelShape:
     state_bytes_per_sequence: int = 0  # their conv + recurrent states, per sequence, whatever its length
     kv_quant: object = None  # gen.kv_cache_dtype's settings (kvbench.quant.qconfig.KVQuant); None: the model dtype
     shapes: tuple | None = None  # per decoder layer (H_kv, D) where layers differ (Gemma 4); kv_heads, head_dim: the most
+    name: str = ""  # the model's name_or_path (KVzap's published scorer is the model's: `Policy.weight_bytes`)
 
     def of_layer(self, layer: int) -> ModelShape:
         """This shape with `layer`'s KV heads and head size (a group of the cache holds layers of one shape)."""
@@ -89,4 +90,5 @@ class ModelShape:
             linear=k.linear,
             state_bytes_per_sequence=0 if k.state is None else k.state.bytes_per_sequence(model.dtype),
             shapes=k.shapes,
+            name=getattr(cfg, "name_or_path", "") or "",
         )

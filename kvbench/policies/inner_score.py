@@ -72,6 +72,9 @@ class Wraps:
     def observe_bytes(self, **shape: int) -> int:
         return self._inner.observe_bytes(**shape)
 
+    def weight_bytes(self, **shape) -> int:
+        return self._inner.weight_bytes(**shape)
+
     def prepare(self, tokenizer, model=None) -> None:
         self._inner.prepare(tokenizer, model)
 

@@ -21,7 +21,15 @@ from typing import ClassVar
 
 import torch
 
-from kvbench.artifacts.kvzap_scorer import hub_id, load_scorer, tiny_scorer
+from kvbench.artifacts.kvzap_scorer import (
+    TINY_WIDTH,
+    hub_id,
+    is_random,
+    load_scorer,
+    module_params,
+    scorer_width,
+    tiny_scorer,
+)
 from kvbench.errors import ConfigError
 from kvbench.policies.policy import AFTER_PREFILL, Needs, Policy, ScoreContext
 
@@ -33,9 +41,8 @@ def scorer_for(source: str | None, model_type: str, config):
     key = (source, model_type, getattr(config, "name_or_path", ""), config.hidden_size, config.num_hidden_layers,
            getattr(config, "num_key_value_heads", None) or config.num_attention_heads)  # the scorer outputs H_kv
     if key not in _LOADED:
-        if source == "tiny" or (source is None and not getattr(config, "name_or_path", "")):  # a nameless model
-            # (kvbench's tiny random models): no scorer is published for it, a random one
-            _LOADED[key] = tiny_scorer(config, hidden_dim=None if model_type == "linear" else 8)
+        if is_random(source, getattr(config, "name_or_path", "")):  # none is published for a nameless model
+            _LOADED[key] = tiny_scorer(config, hidden_dim=None if model_type == "linear" else TINY_WIDTH)
         else:
             _LOADED[key] = load_scorer(source or hub_id(model_type, config.name_or_path), config)
     return _LOADED[key]
@@ -81,6 +88,11 @@ class KVzap(Policy):
     def observe_bytes(self, *, rows, tokens, q_heads, kv_heads, head_dim, hidden, elem) -> int:
         # the MLP's activations (its width: 512 in kvpress's training, never wider than the model here) and output
         return rows * tokens * (min(512, hidden) + 2 * kv_heads) * elem
+
+    def weight_bytes(self, *, layers: int, hidden: int, kv_heads: int, elem: int, model: str) -> int:
+        # the scorer's modules of those layers, cast to the hidden states' dtype when they score (KVzapScorer.score);
+        # its width from its config.json, no weights read
+        return layers * module_params(hidden, kv_heads, scorer_width(self.scorer, self.model_type, model)) * elem
 
     def score(self, ctx: ScoreContext) -> torch.Tensor:
         return ctx.pair["score"]  # (L, B, H_kv, N), as stored at arrival

@@ -184,6 +184,11 @@ class Policy:
         """Transient bytes `observe` allocates over one layer of a (rows, tokens) forward (kvbench.memory's account)."""
         return 0
 
+    def weight_bytes(self, **shape) -> int:  # layers, hidden, kv_heads, elem; model: its name_or_path
+        """Bytes of the weights it holds beside the model's for `layers` decoder layers on one device (KVzap's
+        scorer; kvbench.memory's account charges them with the model's weights)."""
+        return 0
+
     def score_bytes(self, *, layers: int, rows: int, kv_heads: int, q_heads: int, pairs: int, head_dim: int,
                     elem: int) -> int:
         """Transient bytes `score` allocates beyond its (L, B, H_kv, N) result (kvbench.memory's account)."""

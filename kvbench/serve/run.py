@@ -27,8 +27,9 @@ from kvbench.serve.workload import build_requests
 
 
 def pool_blocks(cfg: DictConfig, lm, policy, memory_limit: memory.MemoryLimit | None, quant=None) -> int:
-    """serve.num_blocks, or what memory.limit_gb leaves after the weights (activations not reserved); a quantized
-    pool (`quant`) counts its blocks in quantized bytes, after its full-precision window pages."""
+    """serve.num_blocks, or what memory.limit_gb leaves after the weights, the model's and the policy's own
+    (activations not reserved); a quantized pool (`quant`) counts its blocks in quantized bytes, after its
+    full-precision window pages."""
     if cfg.serve.num_blocks is not None:
         return cfg.serve.num_blocks
     geo = model_geometry(lm.model)
@@ -36,7 +37,9 @@ def pool_blocks(cfg: DictConfig, lm, policy, memory_limit: memory.MemoryLimit | 
     dims = dict(num_layers=len(geo["layer_devices"]), block_size=s.block_size, num_kv_heads=geo["num_kv_heads"],
                 head_dim=geo["head_dim"], dtype=geo["dtype"], track_attention=policy.needs.attention,
                 own=len(policy.needs.pair_state) if policy.needs.observes else 0)
-    free = memory_limit.usable - sum(memory.ModelShape.of(lm.model).weights.values())  # memory.reserve_gb is not the pool's
+    shape = memory.ModelShape.of(lm.model)  # the weights, the model's and the policy's own (KVzap's scorer)
+    free = memory_limit.usable - sum(shape.weights.values()) - sum(memory.policy_weights(shape, policy, d)
+                                                                   for d in shape.layers)  # reserve_gb: not the pool's
     if quant is None:
         per_block = PagedPool.block_bytes(**dims, rerotate=policy.rerotate and policy.evicts)
     else:

@@ -37,6 +37,8 @@ PRESSES = {
     "kvzap_mlp": ("DMSPress", dict(press=("KVzapPress", dict(model_type="mlp")), sliding_window_size=128)),
     "lagkv": ("LagKVPress", {}),
     "compactor": ("CompactorPress", {}),
+    # AdaKV's head budgets over Compactor's scores (kvpress's safeguard 0.2, as the other AdaKV rows)
+    "adakv_compactor": ("AdaKVPress", dict(press=("CompactorPress", {}), alpha_safeguard=0.2)),
     "critical_snapkv": ("CriticalKVPress", dict(press=("SnapKVPress", dict(window_size=64, kernel_size=5)))),
     "critical_expected_attention": ("CriticalKVPress", dict(press=("ExpectedAttentionPress", dict(use_vnorm=False)))),
     "chunkkv": ("ChunkKVPress", dict(press=("SnapKVPress", dict(window_size=64, kernel_size=5)), chunk_length=20)),

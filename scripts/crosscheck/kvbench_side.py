@@ -96,6 +96,8 @@ COUNTERPARTS = {
                                                                   scorer=str(WORK["dir"] / "kvzap-mlp")), None)],
     # the sketch: layer l's is the l-th draw of a generator seeded as kvpress's global one (cases.SKETCH_SEED = 0)
     "compactor": [("compactor", lambda r: Compactor(compression_ratio=r, schedule=AP, seed=0), None)],
+    "adakv_compactor": [("compactor head_budget=adaptive", lambda r: Compactor(
+        compression_ratio=r, schedule=AP, seed=0, head_budget="adaptive", head_floor=0.2), None)],
     # the share of streaming heads; the head scores calibrated on the texts kvpress's side calibrated on (its
     # BookSum replaced by the first 50 CNN/DM validation articles, WORK/calibration.json, cases.DUO_TEXTS)
     "duo_attention_on_the_fly": [("duo_attention", lambda r: DuoAttention(
@@ -135,7 +137,7 @@ def prompts(work: Path, data_dir: str) -> None:
 
     lm = load()
     task = CNNDM(n_samples=N_PROMPTS, n_shot=0, max_input_tokens=MAX_TOKENS, data_dir=data_dir)
-    rows = data.load(task.source, "test", data_dir)[:N_PROMPTS]  # the first rows of the split, in order
+    rows = data.load(task.dataset, task.split, data_dir)[:N_PROMPTS]  # the first rows of the split, in order
     ids, refs = [], []
     for row in rows:
         prompt, _ = task.prompt(lm.tokenizer, row, [])

@@ -218,7 +218,7 @@ def run(kvpress, model, spec: dict, name: str, value: float, state: dict) -> dic
         gap = None if any(b[1] is None for b in bounds) else [b[1] for b in bounds]
         rows.append({"tokens": gen, "kept": kept, "tied": [b[0] for b in bounds], "gap": gap})
     extras = {"duo_head_scores": state["duo_head_scores"]} if cap.cls == "DuoAttentionPress" else {}
-    if cap.cls == "CompactorPress":
+    if type(getattr(press, "press", press)).__name__ == "CompactorPress":  # AdaKV over it too
         extras["sketch_seed"] = cases.SKETCH_SEED
     return {"press": name, "ratio": value, "rows": rows, "extras": extras,
             "seconds": round(time.perf_counter() - t0, 1)}

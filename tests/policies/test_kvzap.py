@@ -44,3 +44,33 @@ def test_scores_at_arrival_under_every_schedule(tiny_llama, schedule):
     refs = [reference("llama", tuple(p), spec_of(policy)) for p in PROMPTS]
     assert_traces_match(refs, *run_engine(tiny_llama, PROMPTS, policy, 4, prefill_chunk=16)[:3])
     assert refs[0].evictions  # it did evict
+
+
+@pytest.mark.parametrize("kind", ["random", "folder"])
+def test_the_account_charges_the_scorer_the_run_holds(tiny_llama, tmp_path, kind):
+    """The memory account charges the scorer's weights with the model's, from its config (the random one's width, a
+    folder's config.json: 16 wide here), as the run holds them: the bytes of its tensors after a generation, cast to
+    the model's dtype (float64). The planner's account, from a model without weights (meta), charges the same."""
+    import torch
+
+    from kvbench import memory
+    from kvbench.artifacts.kvzap_scorer import KVzapScorer, save_scorer
+    from kvbench.policies.kvzap import scorer_for
+
+    model = tiny_llama.model
+    cfg = model.config
+    folder = None if kind == "random" else str(save_scorer(KVzapScorer(
+        cfg.hidden_size, cfg.num_key_value_heads, cfg.num_hidden_layers, 16), tmp_path / "scorer"))
+    policy = KVzap(kv_size=32, evict_every=8, scorer=folder)
+    run_engine(tiny_llama, PROMPTS[:1], policy, 1, new=2)
+    held = list(scorer_for(folder, "mlp", cfg).parameters())
+    assert {p.dtype for p in held} == {model.dtype}
+    measured = sum(p.untyped_storage().nbytes() for p in held)
+    lengths = [len(PROMPTS[0])]
+    acc = memory.account(model, lengths, policy, max_new_tokens=2).devices["cpu"]
+    assert acc.weights - memory.ModelShape.of(model).weights["cpu"] == measured
+    with torch.device("meta"):
+        meta = type(model)(cfg).to(model.dtype)
+    shape = memory.ModelShape.of(meta)
+    planned = memory.account(shape, lengths, policy, max_new_tokens=2).devices["meta"]
+    assert planned.weights - shape.weights["meta"] == measured

@@ -617,22 +617,35 @@ def test_crosscheck_of_kvzap_by_threshold():
 
 def test_crosscheck_of_duo_attention():
     rows = crosscheck("duo")
-    assert set(rows) == {("duo_attention_on_the_fly", 0.5), ("duo_attention_on_the_fly", 0.75)}
-    half, most = rows[("duo_attention_on_the_fly", 0.5)], rows[("duo_attention_on_the_fly", 0.75)]
+    assert set(rows) == {("duo_attention_on_the_fly", r) for r in (0.25, 0.5, 0.75)}
+    few, half, most = (rows[("duo_attention_on_the_fly", r)] for r in (0.25, 0.5, 0.75))
     assert half["identical_rows"] == half["rows"] == 16
-    states("docs/crosscheck.md", f"at a share of 0.5 streaming heads {agreement(half)}; at 0.75 {agreement(most)}")
+    states("docs/crosscheck.md", f"at a share of 0.5 streaming heads {agreement(half)}; at 0.75 {agreement(most)}; "
+                                 f"at 0.25 {agreement(few)}")
     states("results/crosscheck/duo/README.md", f"at 0.5, {agreement(half, ',')} (layer, KV head, row); at 0.75, "
-                                               f"{agreement(most, ',')}.")
+                                               f"{agreement(most, ',')}; at 0.25", f"output made earlier by the same "
+                                               f"script), {agreement(few, ',')}.")
+
+
+def test_crosscheck_of_adakv_over_compactor():
+    rows = crosscheck("adakv_compactor")
+    assert sorted(rows) == [("adakv_compactor", r) for r in (0.25, 0.5, 0.75)]
+    assert rows[("adakv_compactor", 0.5)]["identical_rows"] >= 15
+    at = {ratio: r for (_, ratio), r in rows.items()}
+    states("docs/crosscheck.md", f"on the same 16 prompts: at compression 0.5 {agreement(at[0.5])}; at 0.25 "
+                                 f"{agreement(at[0.25])}; at 0.75 {agreement(at[0.75])} ([results/crosscheck/adakv_compactor]")
+    states("results/crosscheck/adakv_compactor/README.md",
+           *(f"at {ratio}, {agreement(at[ratio], ',')}" for ratio in (0.5, 0.25, 0.75)))
 
 
 def test_crosscheck_at_compression_0_25():
     rows, doc, readme = crosscheck("ratios"), "docs/crosscheck.md", "results/crosscheck/ratios/README.md"
     same = [rows[(p, 0.25)] for p in ("expected_attention", "adakv_expected_attention", "critical_expected_attention",
-                                      "critical_snapkv", "chunkkv", "kvzip_plus")]
+                                      "critical_snapkv", "chunkkv", "kvzip", "kvzip_plus")]
     assert all(r["identical_rows"] == r["rows"] and r["identical_sets"] == r["sets"] for r in same)
-    states(doc, f"ChunkKV and KVzip+: identical tokens on {same[0]['identical_rows']} of {same[0]['rows']} rows and "
+    states(doc, f"ChunkKV, KVzip and KVzip+: identical tokens on {same[0]['identical_rows']} of {same[0]['rows']} rows and "
                 f"identical kept sets in {same[0]['identical_sets']} of {same[0]['sets']} each")
-    states(readme, f"ChunkKV and KVzip+: {agreement(same[0], ',')} each")
+    states(readme, f"ChunkKV, KVzip and KVzip+: {agreement(same[0], ',')} each")
     zap, lag = rows[("kvzap_mlp_head", 0.25)], rows[("lagkv", 0.25)]
     assert zap["rows_identical_or_ties"] == lag["rows_identical_or_ties"] == 16  # every diverging row: at ties
     states(doc, f"KVzap {zap['identical_rows']} of {zap['rows']} rows, LagKV {lag['identical_rows']} of {lag['rows']},")
@@ -641,8 +654,9 @@ def test_crosscheck_at_compression_0_25():
     assert list(zap["diverged_rows"]) == ["0"]
     assert {p for p, r in rows if r == 0.25} == {"expected_attention", "adakv_expected_attention", "kvzap_mlp_head",
                                                  "critical_snapkv", "critical_expected_attention", "chunkkv", "lagkv",
-                                                 "kvzip_plus"}  # "at 0.25 all but KVzip and DuoAttention"
-    states(doc, "(at 0.25 all but KVzip and DuoAttention;")
+                                                 "kvzip", "kvzip_plus"}  # all but DuoAttention (its own folder)
+    assert {r for p, r in crosscheck("duo")} == {0.25, 0.5, 0.75}
+    states(doc, "(DuoAttention's in its own folder, above;")
 
 
 def test_crosscheck_at_compression_0_75():

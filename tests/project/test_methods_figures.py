@@ -50,8 +50,9 @@ def test_methods_md_states_what_the_records_give(data):
     window = ("snapkv", "pyramidkv", "expected_attention", "critical", "chunkkv")
     assert {round(x(n, "decode_kv_bytes_mean"), 2) for n in halved} == {0.52}
     assert {round(x(n, "decode_kv_bytes_mean"), 2) for n in window} == {0.60, 0.61}
-    assert all(round(x(n, "decode_kv_bytes_mean"), 2) == 1.0 for n in ("kvzip", "kvzip_plus", "duo_attention"))
-    others = [n for n in by if n not in ("full", "kvzip", "kvzip_plus", "pyramidkv")]
+    assert all(round(x(n, "decode_kv_bytes_mean"), 2) == 1.0 for n in ("kvzip", "kvzip_plus", "kvgrad", "duo_attention"))
+    passing = ("kvzip", "kvzip_plus", "kvgrad")  # scoring passes over the whole context
+    others = [n for n in by if n not in ("full", "pyramidkv", *passing)]
     peak_kv = sorted(round(x(n, "peak_kv_bytes"), 2) for n in others)
     peak_mem = sorted(round(x(n, "peak_mem_bytes"), 2) for n in others)
     half = sorted(by[n]["decode_kv_bytes_mean"] / MIB for n in by if round(x(n, "decode_kv_bytes_mean"), 2) == 0.52)
@@ -69,20 +70,27 @@ def test_methods_md_states_what_the_records_give(data):
            f"the peak KV is {peak_kv[0]:.2f} to {peak_kv[-1]:.2f} of the full cache's and the peak memory "
            f"{peak_mem[0]:.2f} to {peak_mem[-1]:.2f}",
            f"raise the peak memory to {x('kvzip', 'peak_mem_bytes'):.2f}x the full cache's (KVzip+: "
-           f"{x('kvzip_plus', 'peak_mem_bytes'):.2f}x); PyramidKV's per-layer groups to {x('pyramidkv', 'peak_mem_bytes'):.2f}x",
+           f"{x('kvzip_plus', 'peak_mem_bytes'):.2f}x), KVgrad's gradient passes to {x('kvgrad', 'peak_mem_bytes'):.2f}x; "
+           f"PyramidKV's per-layer groups to {x('pyramidkv', 'peak_mem_bytes'):.2f}x",
            f"at {plan['limit_gb']:g} GiB, the largest batch after prefill is the full cache's "
            f"{batch('full', 'after_prefill')} for almost every method, {batch('pyramidkv', 'after_prefill')} for "
-           f"PyramidKV and {batch('kvzip', 'after_prefill')} for KVzip and KVzip+",
+           f"PyramidKV, {batch('kvzip', 'after_prefill')} for KVzip and KVzip+ and {batch('kvgrad', 'after_prefill')} "
+           "for KVgrad",
+           f"KVgrad's batch of 4 is accounted {by['kvgrad']['peak_mem_bytes'] / 2**30:.1f} GiB (its gradient passes), "
+           f"over the {plan['limit_gb']:g} GiB limit",
+           f"KVgrad's took {by['kvgrad']['score_pass_s']:.1f} s of a {by['kvgrad']['prefill_s']:.1f} s prefill, "
+           f"{passes('kvgrad'):.1f}x the rest of it",
            f"{batch('batch_max', 'prefill_and_decode')} for Batch-Max, H2O, TOVA and StreamingLLM, "
            f"{batch('snapkv', 'prefill_and_decode')} for SnapKV, PyramidKV, ExpectedAttention, KeyDiff, Knorm and VATP, "
            f"{batch('duo_attention', 'prefill_and_decode')} for DuoAttention",
            f"took {by['kvzip']['score_pass_s']:.1f} s of a {by['kvzip']['prefill_s']:.1f} s prefill: "
            f"{passes('kvzip'):.1f}x the rest of its prefill in the same run (KVzip+: {passes('kvzip_plus'):.1f}x)")
     assert all(batch(n, "after_prefill") == batch("full", "after_prefill")
-               for n in others if n not in ("kvzip", "kvzip_plus"))
+               for n in others)
+    assert batch("kvzip", "after_prefill") == batch("kvzip_plus", "after_prefill")
     assert all(batch(n, "prefill_and_decode") == batch("batch_max", "prefill_and_decode")
                for n in ("h2o", "tova", "streaming_llm"))
     assert all(batch(n, "prefill_and_decode") == batch("snapkv", "prefill_and_decode")
                for n in ("pyramidkv", "expected_attention", "keydiff", "knorm", "vatp"))
     assert all("refused" in plan["rows"][n]["prefill_and_decode"]
-               for n in ("kvzip", "kvzip_plus", "lagkv", "chunkkv", "critical", "compactor"))
+               for n in ("kvzip", "kvzip_plus", "kvgrad", "lagkv", "chunkkv", "critical", "compactor"))

@@ -104,3 +104,25 @@ def test_pool_sized_from_the_budget(tiny_llama):
     assert pool.nbytes() == 10 * per  # the sizing counts exactly what the pool allocates
     cfg.serve.num_blocks = 7
     assert pool_blocks(cfg, tiny_llama, Full(), None) == 7
+
+
+def test_pool_leaves_room_for_the_policys_weights(tiny_llama):
+    """KVzap's scorer (here the random one a nameless model gets, in the model's float64) is held beside the pool:
+    the pool is what the limit leaves after the model's weights and the scorer's."""
+    from omegaconf import OmegaConf
+
+    from kvbench import memory
+    from kvbench.artifacts.kvzap_scorer import tiny_scorer
+    from kvbench.policies.kvzap import KVzap
+    from kvbench.serve.pool import PagedPool
+    from kvbench.serve.run import pool_blocks
+
+    model = tiny_llama.model
+    cfg = OmegaConf.create({"serve": {"num_blocks": None, "block_size": 16}})
+    weights = sum(memory.ModelShape.of(model).weights.values())
+    scorer = sum(p.numel() for p in tiny_scorer(model.config).parameters()) * model.dtype.itemsize
+    per = PagedPool.block_bytes(num_layers=2, block_size=16, num_kv_heads=2, head_dim=16, dtype=model.dtype,
+                                track_attention=False, own=1)  # its score, kept with each pair
+    assert per // 4 < scorer < per // 4 * 3  # so a pool that forgot it would hold one block more
+    gb = (weights + scorer + 10.75 * per) / memory.GiB
+    assert pool_blocks(cfg, tiny_llama, KVzap(kv_size=32, evict_every=8), memory.MemoryLimit(gb)) == 10
