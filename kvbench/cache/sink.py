@@ -32,7 +32,7 @@ class LayerSink:
         self.g, self.i, self.step = g, i, step
         self.track = g.sum_w is not None  # attention statistics (scored policies, full-attention groups)
         self.queries = g.q is not None  # the newest queries (a policy's query window)
-        self.observer = observer if g.sliding is None else None  # a policy's observe step (Observing)
+        self.observer = observer if g.sliding is None and not g.settled else None  # a policy's observe step (Observing)
         self.observes = self.observer is not None
 
     def accumulate(self, w_sum: torch.Tensor, w_last: torch.Tensor) -> None:

@@ -40,6 +40,7 @@ class Group:
         self.layers = list(layers)
         self.index = index
         self.sliding = sliding  # the layers' sliding window W (None: full attention, the policy's to compress)
+        self.settled = False  # after_prefill, compressed: no score reads the group again (`settle`)
         self.band: int | None = None  # the window of a windowed group the policy compresses (kvbench.cache.band)
         if sliding is not None:  # a windowed group is never scored nor compressed by a policy: no statistics
             if rerotate:
@@ -126,6 +127,12 @@ class Group:
         if self.sum_w is not None:
             self.sum_w[i][st.b_idx, :, st.slot] = 0.0
             self.last_w[i][st.b_idx, :, st.slot] = 0.0
+
+    def settle(self) -> None:
+        """after_prefill's one compression is done: what only a score reads (attention statistics, the query
+        window, a policy's own observations) is read no more, so it goes; the pairs and positions stay."""
+        self.sum_w = self.last_w = self.q = None
+        self.own, self.rows, self.settled = {}, {}, True
 
     def resize(self, capacity: int) -> None:
         """Reallocate to `capacity` slots (must hold every sample's pairs), freeing the rest."""

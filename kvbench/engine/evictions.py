@@ -26,7 +26,7 @@ def execute(cache: KVCache, step: Step, policy: Policy, observer) -> None:
             elif a.kind == RESIZE:  # a fit: what the rows hold + the tokens to come (a data-dependent rule's counts)
                 g = groups[a.group]
                 cache.resize(a.capacity if a.fit is None else min(a.capacity, int(g.n.max()) + a.fit), group=g)
-                if policy.once:  # the one compression is done: no score reads the query window again
-                    g.q = None  # (the memory account drops it at the same resize: kvbench.memory.accounting)
+                if policy.once and a.fit is None:  # the one compression is done: what only scores read goes
+                    g.settle()  # (the account drops it at the same planned resize: kvbench.memory.accounting)
     if observer:
         observer("evict", cache)

@@ -16,7 +16,8 @@ I MLP width, V vocabulary, Hq / H query / KV heads, D head dim, L layers on the 
                 capacity; sliding-window layers hold W - 1 + the widest forward, their trims planned like
                 evictions); under a head rule whose counts are the data's (`data_dependent`: DMS's threshold)
                 an upper bound, nothing evicted (`Account.upper_bound`; the cache measured stays at or under it);
-                after_prefill's query window (SnapKV-like policies) goes at the compressed prompt's resize
+                after_prefill: what only scores read (statistics, query window, a policy's own observations)
+                goes at the compressed prompt's resize
     transient   the largest of (`kvbench.memory.terms`)
       forward of T tokens over N keys (every forward of the batch's plan, EOS changes no count):
           4·B·T·h·e hidden states (embeddings output, layer input, residual, normed input)
@@ -205,9 +206,9 @@ def account(
                                                      else trim_bytes(sg, L, rows, keep)))
         transients.append(pass_bytes(s, policy, lengths, score_chunk, dev == "cpu", backend))  # scoring passes
         state = state_bytes(s, B, [layer_devices[i] for i in s.linear].count(dev))  # a hybrid's linear layers
-        first = step_caps[0]  # after_prefill: a group's query window goes at its resize (kvbench.engine.evictions)
+        first = step_caps[0]  # after_prefill: a group settles at its resize (kvbench.engine.evictions)
         held = {c: sum(cache_bytes(s.of_layer(groups[gi][1][0]), B, len(groups[gi][1]), c[gi], policy, groups[gi][4],
-                                   queries=not (policy.once and c[gi] < first[gi]))
+                                   settled=policy.once and c[gi] < first[gi])
                        for gi in mine) + state
                 for c in set(step_caps)}  # the cache with these capacities (only a resize changes them)
         kv = [held[c] for c in step_caps]  # the cache during each forward

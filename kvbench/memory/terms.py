@@ -120,14 +120,14 @@ def trim_bytes(s: ModelShape, L: int, rows: int, keep: int) -> int:
 
 
 def cache_bytes(s: ModelShape, B: int, L: int, slots: int, policy, window: int | None = None,
-                queries: bool = True) -> int:
+                settled: bool = False) -> int:
     """Bytes of a preallocated cache group of L layers and `slots` slots per sample (`KVCache.nbytes_for`);
-    `queries`: its query window still held (after_prefill drops it at the compressed prompt's resize)."""
+    `settled`: after_prefill's compressed group, its scores' inputs given back (`Group.settle`)."""
     return KVCache.nbytes_for(
         batch_size=B, num_layers=L, num_kv_heads=s.kv_heads, head_dim=s.head_dim, capacity=slots, dtype=s.dtype,
-        track_attention=policy.needs.attention, num_q_heads=s.q_heads, query_window=policy.needs.queries if queries else 0,
-        rerotate=policy.rerotate and policy.evicts, window=window, quant=s.kv_quant,
-        own=policy.needs if policy.needs.observes else None,
+        track_attention=policy.needs.attention and not settled, num_q_heads=s.q_heads,
+        query_window=0 if settled else policy.needs.queries, rerotate=policy.rerotate and policy.evicts,
+        window=window, quant=s.kv_quant, own=policy.needs if policy.needs.observes and not settled else None,
     )
 
 

@@ -25,6 +25,7 @@ from kvbench.policies import (
     H2O,
     TOVA,
     BatchMax,
+    ExpectedAttention,
     ExtremeDecode,
     Full,
     KeyDiff,
@@ -290,13 +291,28 @@ def test_warmup_batch_is_run_but_not_counted(tiny_llama):
 
 
 @pytest.mark.parametrize("schedule", ["after_prefill", "decode_only"])
-def test_after_prefill_frees_the_query_window_at_its_one_compression(tiny_llama, schedule):
-    """SnapKV's query window is read by its score only: after_prefill's one compression is its last reader, so
-    the cache gives it back there (decode_only keeps it: every eviction while decoding reads it)."""
-    held = []  # after each forward and eviction: does every group still hold its window?
-    policy = SnapKV(kv_size=32, window=8, evict_every=8, schedule=schedule)
+@pytest.mark.parametrize("policy", [SnapKV(kv_size=32, window=8, evict_every=8), H2O(kv_size=32, evict_every=8),
+                                    ExpectedAttention(compression_ratio=0.5)], ids=lambda p: p.name)
+def test_after_prefill_gives_back_what_only_scores_read(tiny_llama, policy, schedule):
+    """A score's inputs (SnapKV's query window, H2O's attention statistics, ExpectedAttention's query
+    statistics) are read at evictions only: after_prefill's one compression is their last reader, so the cache
+    gives them back there; the other schedules keep them (every eviction while decoding reads them)."""
+    from dataclasses import replace
+
+    if schedule != "after_prefill" and policy.after_prefill_only:
+        pytest.skip("defined after prefill only")
+    policy = replace(policy, schedule=schedule)
+    held = []  # after each forward and eviction: does every group still hold its scores' inputs?
+
+    def readers(g):
+        return [g.q is not None, g.sum_w is not None, bool(g.rows) or bool(g.own)]
+
     generate_batch(tiny_llama.model, random_prompts((90, 70), seed=3), policy, max_new_tokens=6,
-                   observer=lambda kind, cache: held.append((kind, [g.q is not None for g in cache.groups])))
+                   observer=lambda kind, cache: held.append((kind, [readers(g) for g in cache.groups])))
     kinds = [k for k, _ in held]
-    assert "evict" in kinds and all(all(h) for _, h in held[: kinds.index("evict")])  # held until the compression
-    assert all(all(h) if schedule == "decode_only" else not any(h) for _, h in held[kinds.index("evict"):])
+    first = held[0][1]
+    assert any(any(r) for r in first)  # the policy reads some
+    assert "evict" in kinds and all(h == first for _, h in held[: kinds.index("evict")])  # until the compression
+    after = [h for _, h in held[kinds.index("evict"):]]
+    assert all(h == first for h in after) if schedule != "after_prefill" else all(
+        not any(any(r) for r in h) for h in after)
