@@ -178,21 +178,25 @@ class QuantPagedPool(PagedPool):
     def pairs(self, slots: torch.Tensor, which: str = "kv"):
         """Keys and values (*slots.shape, D) of flat slots: dequantized from their page, or as held in its window
         page; the arithmetic of `Rule.dequantize` (q * s + z in float32, rounded once to the model's dtype).
-        `which` "k" or "v": that one alone."""
-        if which != "kv":
-            return self.pairs(slots)[0 if which == "k" else 1]
-        bs, D, G = self.block_size, self.head_dim, self.quant.group
+        `which` "k" or "v": that one alone (the other is neither unpacked nor dequantized)."""
+        bs, D = self.block_size, self.head_dim
         page, off = slots // bs, slots % bs
-        bits = self.quant.bits
-        qk = nibbles.unpack(self.kc[page, off], bits).float()  # (..., D)
-        k = qk.mul_(self.ks[page].float()).add_(self.kz[page].float()).to(self.dtype)
-        qv = nibbles.unpack(self.vc[page, off], bits).float().unflatten(-1, (D // G, G))  # (..., D/G, G)
-        v = qv.mul_(self.vs[page, off].float()[..., None]).add_(self.vz[page, off].float()[..., None])
-        v = v.flatten(-2).to(self.dtype)
         fp = self._fpage[page]
         win = (fp >= 0)[..., None]
         src = fp.clamp(min=0) * bs + off
-        return torch.where(win, self.fk.view(-1, D)[src], k), torch.where(win, self.fv.view(-1, D)[src], v)
+        k = torch.where(win, self.fk.view(-1, D)[src], self._keys(page, off)) if which != "v" else None
+        v = torch.where(win, self.fv.view(-1, D)[src], self._values(page, off)) if which != "k" else None
+        return (k, v) if which == "kv" else (k if which == "k" else v)
+
+    def _keys(self, page: torch.Tensor, off: torch.Tensor) -> torch.Tensor:
+        qk = nibbles.unpack(self.kc[page, off], self.quant.bits).float()  # (..., D)
+        return qk.mul_(self.ks[page].float()).add_(self.kz[page].float()).to(self.dtype)
+
+    def _values(self, page: torch.Tensor, off: torch.Tensor) -> torch.Tensor:
+        D, G = self.head_dim, self.quant.group
+        qv = nibbles.unpack(self.vc[page, off], self.quant.bits).float().unflatten(-1, (D // G, G))  # (..., D/G, G)
+        v = qv.mul_(self.vs[page, off].float()[..., None]).add_(self.vz[page, off].float()[..., None])
+        return v.flatten(-2).to(self.dtype)
 
     def as_held(self, w: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The new pairs (1, H, T, D) written at w (T, H), read back (dequantized where they left the window)."""

@@ -55,7 +55,7 @@ def _slots(req: Request, n: int, start: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("bits", "residual"), [(4, 0), (8, 5), (4, 8)])
-def test_pool_reads_the_page_wise_rule(bits, residual, dtype):
+def test_pool_reads_the_page_wise_rule(bits, residual, dtype, monkeypatch):
     g = torch.Generator().manual_seed(bits + residual)
     pool = QuantPagedPool(num_layers=L, num_blocks=12, block_size=BS, num_kv_heads=H, head_dim=D, dtype=dtype,
                           device="cpu", track_attention=False, quant=KVQuant(bits, BS, residual),
@@ -87,7 +87,13 @@ def test_pool_reads_the_page_wise_rule(bits, residual, dtype):
             for h in range(H):
                 ref[la][h].append(k[la, 0, h], v[la, 0, h])
         bm.advance(req, n)
-        got_k, got_v = pool.pairs(pool.slots(req.pages, req.held)[0])  # (L, H, N, D)
+        slots_held = pool.slots(req.pages, req.held)[0]
+        got_k, got_v = pool.pairs(slots_held)  # (L, H, N, D)
+        unpacked = []  # one of the two asked: the other's codes are not unpacked (nor dequantized)
+        with monkeypatch.context() as m:
+            m.setattr(qpool.nibbles, "unpack", lambda x, b, f=qpool.nibbles.unpack, seen=unpacked: seen.append(x.shape) or f(x, b))
+            assert torch.equal(pool.pairs(slots_held, "k"), got_k) and len(unpacked) == 1
+            assert torch.equal(pool.pairs(slots_held, "v"), got_v) and len(unpacked) == 2
         for la in range(L):
             for h in range(H):
                 want_k, want_v = ref[la][h].read()
