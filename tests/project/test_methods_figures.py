@@ -46,16 +46,15 @@ def test_methods_md_states_what_the_records_give(data):
     def x(name, field):
         return by[name][field] / full[field]
 
-    halved = ("batch_max", "h2o", "tova", "keydiff", "compactor")
-    window = ("snapkv", "pyramidkv", "expected_attention", "critical", "chunkkv")
-    assert {round(x(n, "decode_kv_bytes_mean"), 2) for n in halved} == {0.52}
-    assert {round(x(n, "decode_kv_bytes_mean"), 2) for n in window} == {0.60, 0.61}
-    assert all(round(x(n, "decode_kv_bytes_mean"), 2) == 1.0 for n in ("kvzip", "kvzip_plus", "kvgrad", "duo_attention"))
+    whole = ("kvzip", "kvzip_plus", "kvgrad", "duo_attention")  # heads of different counts: the static cache's widest
+    halved = [n for n in by if n not in ("full", *whole)]  # statistics, query windows and states given back too
+    assert {round(x(n, "decode_kv_bytes_mean"), 2) for n in halved} == {0.51, 0.52}
+    assert all(round(x(n, "decode_kv_bytes_mean"), 2) == 1.0 for n in whole)
     passing = ("kvzip", "kvzip_plus", "kvgrad")  # scoring passes over the whole context
     others = [n for n in by if n not in ("full", "pyramidkv", *passing)]
     peak_kv = sorted(round(x(n, "peak_kv_bytes"), 2) for n in others)
     peak_mem = sorted(round(x(n, "peak_mem_bytes"), 2) for n in others)
-    half = sorted(by[n]["decode_kv_bytes_mean"] / MIB for n in by if round(x(n, "decode_kv_bytes_mean"), 2) == 0.52)
+    half = sorted(by[n]["decode_kv_bytes_mean"] / MIB for n in halved)
 
     def batch(name, schedule):
         return plan["rows"][name][schedule]["max_batch_size"]
@@ -66,7 +65,7 @@ def test_methods_md_states_what_the_records_give(data):
 
     states("docs/methods.md",
            f"holds {full['decode_kv_bytes_mean'] / MIB:.1f} MiB on average",
-           f"most others {half[0]:.1f} to {half[-1]:.1f} MiB",
+           f"every method that frees memory at its compression {half[0]:.1f} to {half[-1]:.1f} MiB",
            f"the peak KV is {peak_kv[0]:.2f} to {peak_kv[-1]:.2f} of the full cache's and the peak memory "
            f"{peak_mem[0]:.2f} to {peak_mem[-1]:.2f}",
            f"raise the peak memory to {x('kvzip', 'peak_mem_bytes'):.2f}x the full cache's (KVzip+: "
