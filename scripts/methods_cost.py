@@ -3,6 +3,7 @@ prompts: every registered policy under `experiment=methods_cost_cnndm` (SmolLM2-
 most 1024 tokens at batch 4, 32 new tokens, the prompt compressed once after prefill).
 
     python scripts/methods_cost.py [--out results/methods_cost] [--data-dir ../shared/data] [--only snapkv,kvzip]
+    python scripts/methods_cost.py --serve --only kvzip,duo_attention   # the same in mode=serve, into the same OUT
 
 1. Runs each policy, one after the other in this one process (skip_existing: a rerun resumes where a crash
    stopped it) -> OUT/runs.jsonl: the KV held during decode (mean and peak over decode steps, measured
@@ -12,6 +13,8 @@ most 1024 tokens at batch 4, 32 new tokens, the prompt compressed once after pre
    weights, SDPA, over the first 128 articles' prompts: the search's batches are capped at the prompts it has),
    after prefill as it ran, and evicting during prefill (schedule=prefill_and_decode, where the policy defines
    it) -> one JSON line with its provenance appended to OUT/plan.jsonl.
+With --serve, step 1 runs in mode=serve instead (batch_size=1, serve.max_running=4: the same 4 prompts at once
+over a paged pool, where each (layer, KV head) frees its own pages) and step 2 is skipped.
 3. Writes OUT/table.md (`render`, which tests/project/test_methods_figures.py recomputes from the two files).
 
 Not every policy runs as published here: extreme_decode (Algorithm 2 keeps 2 pairs while decoding: no ratio) is
@@ -74,8 +77,12 @@ def policies(only: str | None) -> list[str]:
     return [n for n in names if only is None or n in only.split(",") or n == "full"]
 
 
-def run_all(names: list[str], out: str, data_dir: str) -> None:
-    """Every policy in this one process, one after the other (their times compare only within one process)."""
+SERVE = ["mode=serve", "batch_size=1", "serve.max_running=4", "serve.plot=false"]  # the same 4 at once, paged
+
+
+def run_all(names: list[str], out: str, data_dir: str, serve: bool = False) -> None:
+    """Every policy in this one process, one after the other (their times compare only within one process);
+    `serve`: in mode=serve, where each (layer, KV head) frees its own pages."""
     from hydra import compose, initialize_config_dir
 
     from kvbench import run as kvrun
@@ -84,7 +91,7 @@ def run_all(names: list[str], out: str, data_dir: str) -> None:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="methods_cost"):
         for name in names:
             overrides = [f"experiment={EXPERIMENT}", f"policy={name}", *extra(name, data_dir), f"data.dir={data_dir}",
-                         f"results_dir={out}", "skip_existing=true"]
+                         f"results_dir={out}", "skip_existing=true", *(SERVE if serve else [])]
             overrides += [f"memory.limit_gb={RUN_LIMIT_GB[name]}"] if name in RUN_LIMIT_GB else []
             print("kvbench " + " ".join(overrides), flush=True)
             try:
@@ -164,6 +171,24 @@ def render(records: list[dict], plan: dict) -> str:
             _batch(p.get("after_prefill", {})),
             _batch(p.get("prefill_and_decode", {}) if name != "full" else p.get("after_prefill", {})),
         ]) + " |")
+    return "\n".join(lines) + "\n" + render_serve(records)
+
+
+def render_serve(records: list[dict]) -> str:
+    """The policies also run in mode=serve (`--serve`): the KV their pages hold while decoding, against the full
+    cache's pages ("" when none ran)."""
+    by = {r["policy"]: r for r in records if r.get("status") == "ok" and r.get("mode") == "serve"}
+    full = by.get("full")
+    if full is None:
+        return ""
+    lines = ["", "| policy, `mode=serve` | ROUGE-2 [95% CI] | decode KV mean MiB (x full) | decode KV peak (x full) |",
+             "|" + "---|" * 4]
+    for name in ["full", *sorted(n for n in by if n != "full")]:
+        r, m = by[name], by[name]["metrics"]
+        ci = m.get("rouge2_ci") or [None, None]
+        lines.append(f"| `{name}` | {m['rouge2']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}] | "
+                     f"{r['decode_kv_bytes_mean'] / MIB:.1f} ({_x(r['decode_kv_bytes_mean'], full['decode_kv_bytes_mean'])}) | "
+                     f"{_x(r['decode_kv_bytes_peak'], full['decode_kv_bytes_peak'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -174,15 +199,18 @@ def main() -> None:
     p.add_argument("--only", default=None, help="comma-separated policies (the full cache always runs)")
     p.add_argument("--table-only", action="store_true", help="render OUT/table.md from what is there")
     p.add_argument("--plan-only", action="store_true", help="plan again, then render (the runs are kept)")
+    p.add_argument("--serve", action="store_true", help="run the policies in mode=serve too (no plan)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: steady on a shared machine)")
     args = p.parse_args()
     import torch
 
     torch.set_num_threads(args.threads)
     names = policies(args.only)
-    if not (args.table_only or args.plan_only):
+    if args.serve:
+        run_all(names, args.out, args.data_dir, serve=True)
+    elif not (args.table_only or args.plan_only):
         run_all(names, args.out, args.data_dir)
-    if not args.table_only:
+    if not (args.table_only or args.serve):
         plan_all(names, args.out, args.data_dir)
     from kvbench.report import latest
     from kvbench.results import read_records
