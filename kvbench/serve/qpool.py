@@ -72,10 +72,8 @@ class QuantPagedPool(PagedPool):
         self.quant, self.dtype = quant, dtype
         self.key_rule, self.value_rule = Rule(quant.bits, bs, "channel"), Rule(quant.bits, quant.group, "token")
         P, W = self.num_pages, nibbles.packed_width(D, quant.bits)
-        self.kc = torch.zeros(P, bs, W, dtype=torch.uint8, device=device)
-        self.vc = torch.zeros_like(self.kc)
-        self.ks = torch.zeros(P, D, dtype=dtype, device=device)
-        self.kz = torch.zeros_like(self.ks)
+        self.kc, self.vc = (torch.zeros(P, bs, W, dtype=torch.uint8, device=device) for _ in "kv")  # codes
+        self.ks, self.kz = (torch.zeros(P, D, dtype=dtype, device=device) for _ in "sz")  # keys' scales, zeros
         self.vs = torch.zeros(P, bs, D // quant.group, dtype=dtype, device=device)
         self.vz = torch.zeros_like(self.vs)
         self.fk = torch.zeros(window_pages, bs, D, dtype=dtype, device=device)

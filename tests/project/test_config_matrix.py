@@ -257,7 +257,10 @@ def check_record(c: Combo, rec: dict, spy: Spy) -> None:
     if c.mode == "serve_limits":
         return check_limits(c, rec, spy)
     serve = c.mode == "serve"
-    assert spy.backends == {rec["attention"]}, (spy.backends, rec["attention"])
+    # after_prefill's one compression settles the cache: the fused backend then decodes with plain SDPA (no statistics)
+    settles = rec["attention"] == "fused" and c.schedule == "after_prefill" and c.evicts and not serve
+    assert rec["attention"] in spy.backends <= {rec["attention"], *(["sdpa"] if settles else [])}, (
+        spy.backends, rec["attention"])
     assert not spy.over, spy.over[:3]
     assert not spy.oversized, spy.oversized[:3]  # no cache larger than the full cache's for the same prompts
     assert any("holds every sequence whole" in n for n in rec["notes"]) == (c.holds_whole and not serve)
