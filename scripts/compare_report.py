@@ -90,8 +90,8 @@ def render_missing(records: list[dict]) -> str:
               + ", ".join(f"`{p}`" for p in names) for (task, ratio), names in groups.items()]
     lines += ["", "The command that completes them (it skips what is recorded):", "", "```bash", SWEEP, "```", "",
               "Not yet run at all, the same command with other arguments:", "", "```bash",
-              f"{SWEEP} --tasks niah2k  # niah_single_1 at 2k tokens, query-aware",
-              f"{SWEEP} --tasks niah1k,niah2k --agnostic  # query-agnostic (task.query_aware=false)", "```", "",
+              "# niah_single_1 at 2k tokens, query-aware", f"{SWEEP} --tasks niah2k",
+              "# query-agnostic (task.query_aware=false)", f"{SWEEP} --tasks niah1k,niah2k --agnostic", "```", "",
               "CNN/DM has no question apart from its article: query-agnostic is refused there (one line)."]
     return "\n".join(lines) + "\n"
 
