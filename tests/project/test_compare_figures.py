@@ -41,3 +41,26 @@ def test_what_is_not_yet_run(data):
     module, records, _ = data
     assert module.render_missing(records) == (FOLDER / "missing.md").read_text()
     assert '--8<-- "results/compare/missing.md"' in PAGE
+
+
+# the figures "How to read it" quotes: (task, policy, ratio) -> (accuracy, its interval or None)
+READ = {("niah1k", "full", None): (1.0, None), ("niah1k", "compactor", 0.5): (1.0, None),
+        ("niah1k", "chunkkv", 0.5): (0.75, "[0.250, 1.000]"), ("niah1k", "batch_max", 0.5): (0.0, None),
+        ("niah1k", "critical", 0.5): (0.0, None), ("cnndm", "full", None): (0.082, "[0.019, 0.146]")}
+
+
+def test_what_the_page_reads(data):
+    module, _, by = data
+    for (task, policy, ratio), (value, interval) in READ.items():
+        m, (lo, hi) = module.metric(by[(task, True, policy, ratio)])
+        assert round(m, 3) == value
+        assert interval is None or (interval == f"[{lo:.3f}, {hi:.3f}]" and interval in TEXT)
+    peak = {p: by[("niah1k", True, p, r)]["peak_kv_bytes"] / module.MIB for p, r in [("full", None), ("compactor", 0.5)]}
+    assert f"{peak['compactor']:.1f} MiB at ratio 0.5 on niah1k against the full cache's {peak['full']:.1f} MiB" in TEXT
+    shares = [module.share(by, k, "decode_kv_bytes_mean") for k in by
+              if k[0] == "niah1k" and k[3] == 0.5 and k[2] != "duo_attention"]
+    assert f"{min(shares):.2f} to {max(shares):.2f} of the full cache's at ratio 0.5" in TEXT
+    duo = module.share(by, ("niah1k", True, "duo_attention", 0.5), "decode_kv_bytes_mean")
+    assert f"`duo_attention`, which held {duo:.2f} of it" in TEXT
+    times = [f"{by[('niah1k', True, p, r)]['prefill_s']:.1f} s" for p, r in [("critical", 0.5), ("full", None)]]
+    assert f"`critical`'s {times[0]} against the full cache's {times[1]}" in TEXT
