@@ -64,3 +64,30 @@ def test_what_the_page_reads(data):
     assert f"`duo_attention`, which held {duo:.2f} of it" in TEXT
     times = [f"{by[('niah1k', True, p, r)]['prefill_s']:.1f} s" for p, r in [("critical", 0.5), ("full", None)]]
     assert f"`critical`'s {times[0]} against the full cache's {times[1]}" in TEXT
+
+
+def acc(by, policy, ratio, task="niah1k") -> float:
+    return by[(task, True, policy, ratio)]["metrics"]["rouge2" if task == "cnndm" else "string_match_all"]
+
+
+def test_the_figures_the_page_reads(data):
+    _, _, by = data
+    assert acc(by, "full", None) == 1.0
+    full = by[("cnndm", True, "full", None)]["metrics"]
+    assert f"{full['rouge2']:.3f} [{full['rouge2_ci'][0]:.3f}, {full['rouge2_ci'][1]:.3f}]" in TEXT
+    assert {p for p in ("compactor", "keydiff", "knorm", "duo_attention") if acc(by, p, 0.5) == 1.0} == {
+        "compactor", "keydiff", "knorm", "duo_attention"}
+    assert (acc(by, "chunkkv", 0.5), acc(by, "h2o", 0.5)) == (0.75, 0.25)
+    assert all(acc(by, p, 0.5) == 0.0 for p in ("batch_max", "critical", "expected_attention", "kvzap"))
+    mib = {p: round(by[("niah1k", True, p, r)]["decode_kv_bytes_mean"] / 2**20, 1)
+           for p, r in (("full", None), ("keydiff", 0.5))}
+    assert "81.5 MiB against the full cache's 160.1" in TEXT and (mib["full"], mib["keydiff"]) == (160.1, 81.5)
+    module = data[0]
+    assert [round(module.share(by, ("niah1k", True, p, 0.5), "decode_kv_bytes_mean"), 2)
+            for p in ("keydiff", "chunkkv", "duo_attention")] == [0.51, 0.49, 1.0]
+    peaks = {p: round(by[("niah1k", True, p, r)]["peak_kv_bytes"] / 2**20, 1) for p, r in (("full", None),
+                                                                                              ("keydiff", 0.5))}
+    assert peaks == {"full": 158.6, "keydiff": 155.9}
+    pre = {p: round(by[("niah1k", True, p, r)]["prefill_s"], 1) for p, r in (
+        ("full", None), ("critical", 0.5), ("expected_attention", 0.5), ("keydiff", 0.5))}
+    assert pre == {"full": 20.4, "critical": 40.3, "expected_attention": 41.0, "keydiff": 19.2}
