@@ -22,7 +22,7 @@ from kvbench.results import read_records  # noqa: E402
 
 MIB = 2**20
 METRIC = {"niah_single_1": "string_match_all", "cnndm": "rouge2"}
-SWEEP = "nice -n 10 .venv/bin/python scripts/compare_sweep.py --data-dir ../shared/data"
+SWEEP = "python scripts/compare_sweep.py --data-dir ../shared/data"
 
 
 def task_key(r: dict) -> str:
