@@ -49,7 +49,7 @@ READ = {("niah1k", "full", None): (1.0, None), ("niah1k", "compactor", 0.5): (1.
         ("niah1k", "critical", 0.5): (0.0, None), ("cnndm", "full", None): (0.082, "[0.019, 0.146]")}
 
 
-HELD_FULL = ("kvzip", "kvzip_plus", "duo_attention")  # hold the full cache's bytes while decoding
+HELD_FULL = ("kvzip", "kvzip_plus", "kvgrad", "duo_attention")  # hold the full cache's bytes while decoding
 
 
 def test_what_the_page_reads(data):
@@ -64,7 +64,7 @@ def test_what_the_page_reads(data):
               if k[0] == "niah1k" and k[3] == 0.5 and k[2] not in HELD_FULL]
     assert f"{min(shares):.2f} to {max(shares):.2f} of the full cache's at ratio 0.5" in TEXT
     held = {round(module.share(by, ("niah1k", True, p, 0.5), "decode_kv_bytes_mean"), 2) for p in HELD_FULL}
-    assert held == {1.0} and "`kvzip`, `kvzip_plus` and `duo_attention`, which held 1.00 of it" in TEXT
+    assert held == {1.0} and "`kvzip`, `kvzip_plus`, `kvgrad` and `duo_attention`, which held 1.00 of it" in TEXT
     times = [f"{by[('niah1k', True, p, r)]['prefill_s']:.1f} s" for p, r in [("critical", 0.5), ("full", None)]]
     assert f"`critical`'s {times[0]} against the full cache's {times[1]}" in TEXT
 
