@@ -3,14 +3,13 @@ and every figure the page reads out of it (and the list of what is not yet run) 
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
 from kvbench.results import read_records
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDER = ROOT / "results" / "compare"
@@ -20,10 +19,7 @@ TEXT = " ".join(PAGE.split())
 
 @pytest.fixture(scope="module")
 def data():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    spec = importlib.util.spec_from_file_location("compare_report", ROOT / "scripts" / "compare_report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("compare_report")
     records = read_records(FOLDER)
     return module, records, module.rows(records)
 

@@ -3,9 +3,7 @@ scripts/methods_cost.py, and every figure the page reads out of it is recomputed
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +11,7 @@ import pytest
 from kvbench.report import latest
 from kvbench.results import read_records
 from tests.project.test_docs_figures import states
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDER = ROOT / "results" / "methods_cost"
@@ -21,13 +20,7 @@ MIB = 2**20
 
 @pytest.fixture(scope="module")
 def data():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        spec = importlib.util.spec_from_file_location("methods_cost", ROOT / "scripts" / "methods_cost.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    module = load_script("methods_cost")
     records = latest(read_records(FOLDER))
     plan = json.loads((FOLDER / "plan.jsonl").read_text().splitlines()[-1])
     return module, {r["policy"]: r for r in records if r["mode"] == "run"}, plan, records

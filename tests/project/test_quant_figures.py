@@ -3,12 +3,12 @@ scripts/quant_report.py, and every figure the page reads out of it is recomputed
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from kvbench.results import read_records
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDER = ROOT / "results" / "mini_quant"
@@ -18,9 +18,7 @@ MIB = 2**20
 
 @pytest.fixture(scope="module")
 def data():
-    spec = importlib.util.spec_from_file_location("quant_report", ROOT / "scripts" / "quant_report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("quant_report")
     records = read_records(FOLDER)
     return module, records, module.rows(records)
 
