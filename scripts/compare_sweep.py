@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from methods_cost import RUN_LIMIT_GB, extra, policies  # noqa: E402
+from methods_cost import RUN_LIMIT_GB, extra, policies, run_jobs  # noqa: E402
 
 SLOW = ("kvzip", "kvzip_plus", "kvgrad")  # extra scoring passes over the prompt: 4x a plain run here
 TASKS = {
@@ -68,23 +68,10 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     import torch
-    from hydra import compose, initialize_config_dir
-
-    from kvbench import run as kvrun
-    from kvbench.config import CONF_DIR
 
     torch.set_num_threads(args.threads)
     confs = configurations(args.tasks.split(","), [float(r) for r in args.ratios.split(",")], policies(args.only))
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="compare"):
-        for task, name, ratio in confs:
-            o = overrides(task, name, ratio, args)
-            print("kvbench " + " ".join(o), flush=True)
-            try:
-                rec = kvrun.run(compose("config", overrides=o))
-            except Exception as e:  # noqa: BLE001 - a failed run leaves its error record; the others go on
-                print(f"  {type(e).__name__}: {e}", flush=True)
-                continue
-            print(f"  {rec['status']}: prefill {rec.get('prefill_s')} s, decode {rec.get('decode_s')} s", flush=True)
+    run_jobs([overrides(task, name, ratio, args) for task, name, ratio in confs], "compare")
 
 
 if __name__ == "__main__":

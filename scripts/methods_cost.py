@@ -83,23 +83,31 @@ SERVE = ["mode=serve", "batch_size=1", "serve.max_running=4", "serve.plot=false"
 def run_all(names: list[str], out: str, data_dir: str, serve: bool = False) -> None:
     """Every policy in this one process, one after the other (their times compare only within one process);
     `serve`: in mode=serve, where each (layer, KV head) frees its own pages."""
+    jobs = []
+    for name in names:
+        overrides = [f"experiment={EXPERIMENT}", f"policy={name}", *extra(name, data_dir), f"data.dir={data_dir}",
+                     f"results_dir={out}", "skip_existing=true", *(SERVE if serve else [])]
+        jobs.append(overrides + ([f"memory.limit_gb={RUN_LIMIT_GB[name]}"] if name in RUN_LIMIT_GB else []))
+    run_jobs(jobs, "methods_cost")
+
+
+def run_jobs(jobs: list[list[str]], job_name: str) -> None:
+    """Each job's overrides composed and run in this one process, one after the other; a failed run leaves its
+    error record and the others go on (with skip_existing, a rerun resumes where a crash stopped it)."""
     from hydra import compose, initialize_config_dir
 
     from kvbench import run as kvrun
     from kvbench.config import CONF_DIR
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="methods_cost"):
-        for name in names:
-            overrides = [f"experiment={EXPERIMENT}", f"policy={name}", *extra(name, data_dir), f"data.dir={data_dir}",
-                         f"results_dir={out}", "skip_existing=true", *(SERVE if serve else [])]
-            overrides += [f"memory.limit_gb={RUN_LIMIT_GB[name]}"] if name in RUN_LIMIT_GB else []
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name=job_name):
+        for overrides in jobs:
             print("kvbench " + " ".join(overrides), flush=True)
             try:
                 rec = kvrun.run(compose("config", overrides=overrides))
             except Exception as e:  # noqa: BLE001 - a failed run leaves its error record; the others go on
                 print(f"  {type(e).__name__}: {e}", flush=True)
                 continue
-            print(f"  {rec['status']}: prefill {rec['prefill_s']} s, decode {rec['decode_s']} s", flush=True)
+            print(f"  {rec['status']}: prefill {rec.get('prefill_s')} s, decode {rec.get('decode_s')} s", flush=True)
 
 
 def plan_all(names: list[str], out: str, data_dir: str) -> None:
