@@ -4,6 +4,7 @@ most 1024 tokens at batch 4, 32 new tokens, the prompt compressed once after pre
 
     python scripts/methods_cost.py [--out results/methods_cost] [--data-dir ../shared/data] [--only snapkv,kvzip]
     python scripts/methods_cost.py --serve --only kvzip,duo_attention   # the same in mode=serve, into the same OUT
+    python scripts/methods_cost.py --prefill   # the same evicting during prefill, into the same OUT
 
 1. Runs each policy, one after the other in this one process (skip_existing: a rerun resumes where a crash
    stopped it) -> OUT/runs.jsonl: the KV held during decode (mean and peak over decode steps, measured
@@ -14,7 +15,9 @@ most 1024 tokens at batch 4, 32 new tokens, the prompt compressed once after pre
    after prefill as it ran, and evicting during prefill (schedule=prefill_and_decode, where the policy defines
    it) -> one JSON line with its provenance appended to OUT/plan.jsonl.
 With --serve, step 1 runs in mode=serve instead (batch_size=1, serve.max_running=4: the same 4 prompts at once
-over a paged pool, where each (layer, KV head) frees its own pages) and step 2 is skipped.
+over a paged pool, where each (layer, KV head) frees its own pages) and step 2 is skipped. With --prefill, step 1
+runs under schedule=prefill_and_decode (Algorithm 1: the budget held from the first block on, blocks of p = 64),
+for the policies defined there (the others are refused in preflight, one line each), and step 2 is skipped.
 3. Writes OUT/table.md (`render`, which tests/project/test_methods_figures.py recomputes from the two files).
 
 Not every policy runs as published here: extreme_decode (Algorithm 2 keeps 2 pairs while decoding: no ratio) is
@@ -80,13 +83,17 @@ def policies(only: str | None) -> list[str]:
 SERVE = ["mode=serve", "batch_size=1", "serve.max_running=4", "serve.plot=false"]  # the same 4 at once, paged
 
 
-def run_all(names: list[str], out: str, data_dir: str, serve: bool = False) -> None:
+def run_all(names: list[str], out: str, data_dir: str, serve: bool = False, prefill: bool = False) -> None:
     """Every policy in this one process, one after the other (their times compare only within one process);
-    `serve`: in mode=serve, where each (layer, KV head) frees its own pages."""
+    `serve`: in mode=serve, where each (layer, KV head) frees its own pages; `prefill`: evicting during prefill
+    (schedule=prefill_and_decode; the full cache is not run again, it has no schedule)."""
     jobs = []
     for name in names:
+        if prefill and name == "full":
+            continue
         overrides = [f"experiment={EXPERIMENT}", f"policy={name}", *extra(name, data_dir), f"data.dir={data_dir}",
-                     f"results_dir={out}", "skip_existing=true", *(SERVE if serve else [])]
+                     f"results_dir={out}", "skip_existing=true", *(SERVE if serve else []),
+                     *(["policy.schedule=prefill_and_decode"] if prefill else [])]
         jobs.append(overrides + ([f"memory.limit_gb={RUN_LIMIT_GB[name]}"] if name in RUN_LIMIT_GB else []))
     run_jobs(jobs, "methods_cost")
 
@@ -154,7 +161,8 @@ def _batch(p: dict) -> str:
 
 def render(records: list[dict], plan: dict) -> str:
     """The table: one row per policy (the newest ok record of each), the full cache first."""
-    by = {r["policy"]: r for r in records if r.get("status") == "ok" and r.get("mode") == "run"}
+    by = {r["policy"]: r for r in records
+          if r.get("status") == "ok" and r.get("mode") == "run" and r.get("schedule") != "prefill_and_decode"}
     full = by.get("full")
     if full is None:
         raise ValueError("no full-cache record: nothing to compare against")
@@ -179,7 +187,7 @@ def render(records: list[dict], plan: dict) -> str:
             _batch(p.get("after_prefill", {})),
             _batch(p.get("prefill_and_decode", {}) if name != "full" else p.get("after_prefill", {})),
         ]) + " |")
-    return "\n".join(lines) + "\n" + render_serve(records)
+    return "\n".join(lines) + "\n" + render_serve(records) + render_prefill(records, full)
 
 
 def render_serve(records: list[dict]) -> str:
@@ -200,6 +208,27 @@ def render_serve(records: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_prefill(records: list[dict], full: dict) -> str:
+    """The policies also run evicting during prefill (`--prefill`: schedule=prefill_and_decode), against the full
+    cache's run: what the budget held from the first block on does to the peak ("" when none ran)."""
+    by = {r["policy"]: r for r in records
+          if r.get("status") == "ok" and r.get("mode") == "run" and r.get("schedule") == "prefill_and_decode"}
+    if not by:
+        return ""
+    lines = ["", "| policy, evicting during prefill | ROUGE-2 [95% CI] | decode KV mean MiB (x full) | peak KV (x full) "
+             "| peak memory (x full) | prefill s | decode tok/s |", "|" + "---|" * 7]
+    for name in sorted(by):
+        r, m = by[name], by[name]["metrics"]
+        ci = m.get("rouge2_ci") or [None, None]
+        decode = r["generated_tokens"] / r["decode_s"] if r.get("decode_s") else None
+        lines.append("| " + " | ".join([
+            f"`{name}`", f"{m['rouge2']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]",
+            f"{r['decode_kv_bytes_mean'] / MIB:.1f} ({_x(r['decode_kv_bytes_mean'], full['decode_kv_bytes_mean'])})",
+            _x(r["peak_kv_bytes"], full["peak_kv_bytes"]), _x(r["peak_mem_bytes"], full["peak_mem_bytes"]),
+            f"{r['prefill_s']:.1f}", "-" if decode is None else f"{decode:.1f}"]) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(ROOT / "results" / "methods_cost"))
@@ -208,17 +237,18 @@ def main() -> None:
     p.add_argument("--table-only", action="store_true", help="render OUT/table.md from what is there")
     p.add_argument("--plan-only", action="store_true", help="plan again, then render (the runs are kept)")
     p.add_argument("--serve", action="store_true", help="run the policies in mode=serve too (no plan)")
+    p.add_argument("--prefill", action="store_true", help="run them evicting during prefill too (no plan)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: steady on a shared machine)")
     args = p.parse_args()
     import torch
 
     torch.set_num_threads(args.threads)
     names = policies(args.only)
-    if args.serve:
-        run_all(names, args.out, args.data_dir, serve=True)
+    if args.serve or args.prefill:
+        run_all(names, args.out, args.data_dir, serve=args.serve, prefill=args.prefill)
     elif not (args.table_only or args.plan_only):
         run_all(names, args.out, args.data_dir)
-    if not (args.table_only or args.serve):
+    if not (args.table_only or args.serve or args.prefill):
         plan_all(names, args.out, args.data_dir)
     from kvbench.report import latest
     from kvbench.results import read_records
