@@ -23,7 +23,8 @@ def data():
     module = load_script("methods_cost")
     records = latest(read_records(FOLDER))
     plan = json.loads((FOLDER / "plan.jsonl").read_text().splitlines()[-1])
-    return module, {r["policy"]: r for r in records if r["mode"] == "run"}, plan, records
+    return module, {r["policy"]: r for r in records
+                    if r["mode"] == "run" and r.get("schedule") != "prefill_and_decode"}, plan, records
 
 
 def test_table_is_its_records_and_plan(data):
@@ -98,3 +99,31 @@ def test_methods_md_states_what_the_records_give(data):
                for n in ("pyramidkv", "expected_attention", "keydiff", "knorm", "vatp"))
     assert all("refused" in plan["rows"][n]["prefill_and_decode"]
                for n in ("kvzip", "kvzip_plus", "kvgrad", "lagkv", "chunkkv", "critical", "compactor"))
+
+
+def test_evicting_during_prefill_is_read_as_recorded(data):
+    """The third table (`--prefill`): every policy defined under prefill_and_decode ran there, the others were
+    refused; the page's ranges are the records' (each new method below 0.6 of the full cache's peak KV but
+    DuoAttention, whose retrieval heads keep every pair in mode=run)."""
+    _, by, plan, records = data
+    full = by["full"]
+    pd = {r["policy"]: r for r in records
+          if r.get("status") == "ok" and r["mode"] == "run" and r.get("schedule") == "prefill_and_decode"}
+    assert set(pd) == {n for n, row in plan["rows"].items() if n != "full" and "refused" not in row["prefill_and_decode"]}
+
+    def x(name, field):
+        return pd[name][field] / full[field]
+
+    rest = [n for n in pd if n != "duo_attention"]
+    peak_kv = sorted(round(x(n, "peak_kv_bytes"), 2) for n in rest)
+    peak_mem = sorted(round(x(n, "peak_mem_bytes"), 2) for n in rest)
+    windowed = ("snapkv", "pyramidkv", "expected_attention")  # query windows / statistics kept while evicting
+    assert {round(x(n, "decode_kv_bytes_mean"), 2) for n in windowed} == {round(x("snapkv", "decode_kv_bytes_mean"), 2)}
+    assert {round(x(n, "decode_kv_bytes_mean"), 2) for n in rest if n not in windowed} == {0.49}
+    assert all(x(n, "peak_kv_bytes") < 0.6 for n in ("expected_attention", "kvzap"))
+    states("docs/methods.md",
+           f"the peak KV is {peak_kv[0]:.2f} to {peak_kv[-1]:.2f} of the full cache's for every method defined there but "
+           f"DuoAttention, and the peak\nmemory {peak_mem[0]:.2f} to {peak_mem[-1]:.2f}",
+           f"The KV held during decode is 0.49\nof the full cache's, {x('snapkv', 'decode_kv_bytes_mean'):.2f} for SnapKV, "
+           "PyramidKV and ExpectedAttention",
+           f"DuoAttention holds {x('duo_attention', 'peak_kv_bytes'):.2f} there too")
