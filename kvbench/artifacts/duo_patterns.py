@@ -34,6 +34,9 @@ PATTERNS = {  # kvpress's PATTERNS_DICT, verbatim (the doubled "//" of the gradi
     "mistralai/Mistral-7B-Instruct-v0.2": f"Mistral-7B-Instruct-v0.2/{_SUFFIX_32K}",
     "mistralai/Mistral-7B-Instruct-v0.3": f"Mistral-7B-Instruct-v0.3/{_SUFFIX_32K}",
 }
+# the same weights under the Hub's newer repository name (kvpress looks up the older one only; its leaderboard loads
+# that name): the pattern goes with the weights, not with the spelling
+ALIASES = {"meta-llama/Llama-3.1-8B-Instruct": "meta-llama/Meta-Llama-3.1-8B-Instruct"}
 ON_THE_FLY_WINDOWS = (128, 256)  # kvpress's hard-coded (sink_size, recent_size) for on-the-fly scores
 
 
@@ -57,6 +60,12 @@ def parse_pattern(config_text: str, tsv_text: str, where: str) -> HeadPattern:
     return HeadPattern(np.clip(scores, 0, 1), sink, recent)
 
 
+def known(name: str) -> str | None:
+    """kvpress's name of the published pattern for model `name` (its aliases resolved), None when there is none."""
+    name = ALIASES.get(name, name)
+    return name if name in PATTERNS else None
+
+
 def _get(url: str, timeout: float) -> str:
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return r.read().decode()
@@ -72,10 +81,10 @@ def published_pattern(source: str, timeout: float = 30.0) -> HeadPattern:
             if not f.is_file():
                 raise ConfigError(KEY, f"the pattern folder has no {f.name}", source)
         return parse_pattern(files[0].read_text(), files[1].read_text(), source)
-    if source not in PATTERNS:
+    if known(source) is None:
         raise ConfigError(KEY, f"no published pattern for this model (known: {sorted(PATTERNS)}), "
                           "give a local folder or calibrate on the fly", source)
-    url = f"{BASE}/{PATTERNS[source]}/"
+    url = f"{BASE}/{PATTERNS[known(source)]}/"
     try:
         return parse_pattern(_get(url + "config.json", timeout), _get(url + "full_attention_heads.tsv", timeout), url)
     except (urllib.error.URLError, OSError) as e:

@@ -123,7 +123,9 @@ def hub_config(pretrained: str, revision: str | None = None, trust_remote_code: 
     if pretrained in SHIPPED_CONFIGS and revision is None:
         values = json.loads((CONFIG_DIR / SHIPPED_CONFIGS[pretrained]).read_text())
         values = {k: v for k, v in values.items() if not k.startswith("_")}
-        return AutoConfig.for_model(values.pop("model_type"), **values)
+        config = AutoConfig.for_model(values.pop("model_type"), **values)
+        config.name_or_path = pretrained  # as from_pretrained names it (e.g. DuoAttention's pattern is looked up by it)
+        return config
     check({"pretrained": pretrained, "revision": revision})  # not cached and no Hub: one line, no retries
     try:
         return AutoConfig.from_pretrained(pretrained, revision=revision, trust_remote_code=trust_remote_code)

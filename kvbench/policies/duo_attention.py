@@ -23,6 +23,7 @@ would exceed its window, retrieval heads never evict).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -55,15 +56,19 @@ def head_pattern(policy, config, model=None, tokenizer=None) -> HeadPattern:
             ids = [list(tokenizer(t)["input_ids"]) for t in texts]  # whole texts, special tokens (kvpress)
             _CALIBRATED[key] = duo_calibration.calibrate(model, ids, policy.q_len)
         pattern = _CALIBRATED[key]
-    elif policy.patterns is not None or name in duo_patterns.PATTERNS:
+    elif policy.patterns is not None or duo_patterns.known(name):
         pattern = duo_patterns.published_pattern(policy.patterns or name)
     elif not name:
         L, H = config.num_hidden_layers, getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         pattern = HeadPattern(np.random.default_rng(0).random((L, H)), *TINY_WINDOWS)
     else:
-        raise ConfigError(duo_patterns.KEY, "no published DuoAttention pattern for this model: give policy.patterns "
-                          "(a folder) or policy.calibration (a file of texts)", name)
+        raise _no_pattern(name)
     return duo_patterns.check_shape(pattern, config)
+
+
+def _no_pattern(name: str) -> ConfigError:
+    return ConfigError(duo_patterns.KEY, "no published DuoAttention pattern for this model: give policy.patterns "
+                       "(a folder) or policy.calibration (a file of texts)", name)
 
 
 @dataclass
@@ -144,6 +149,15 @@ class DuoAttention(Policy):
             self._check_window(*self._windows(p))
             self._pattern = (key, retrieval, *self._windows(p))
         return self._pattern
+
+    def check_model(self, config) -> None:
+        """The preflight's check, from the model's config alone (nothing fetched): a model with no published
+        pattern needs policy.patterns or policy.calibration; a pattern folder must fit the model's heads."""
+        name = getattr(config, "name_or_path", "") or ""
+        if self.calibration is None and self.patterns is None and name and not duo_patterns.known(name):
+            raise _no_pattern(name)
+        if self.patterns is not None and (Path(self.patterns).is_dir() or not duo_patterns.known(self.patterns)):
+            duo_patterns.check_shape(duo_patterns.published_pattern(self.patterns), config)
 
     def prepare(self, tokenizer, model=None) -> None:
         """The head pattern for this run's model (a calibration runs here, once per model and process)."""

@@ -153,6 +153,10 @@ class Policy:
             self.compression_ratio is not None) else None
 
     # ----------------------------------------------------------------- scoring
+    def check_model(self, config) -> None:
+        """What the preflight can tell from the model's transformers `config` alone (no weights, nothing fetched):
+        ConfigError (one line) when this policy cannot run on that model."""
+
     def prepare(self, tokenizer, model=None) -> None:
         """Once per run, before generating (kvbench.engine.generate): KVzip's template, DuoAttention's head pattern."""
 

@@ -105,6 +105,46 @@ def test_kvpress_protocol_settings(experiment):
     assert "policy.compression_ratio=0.25,0.5,0.75,0.875" in text
 
 
+def _grid(experiment: str) -> list[tuple[list[str], list[str]]]:
+    """The grid an experiment file's comment documents, per `policy=` of it: (the policies, the `policy.*`
+    overrides their jobs take: the first of each swept value, and one `policy.schedule=` per schedule swept)."""
+    import re
+
+    text = (CONF_DIR / "experiment" / f"{experiment}.yaml").read_text()
+    comment = " ".join(line.lstrip("# ").rstrip("\\ ") for line in text.splitlines() if line.startswith("#"))
+    out = []
+    for segment in re.split(r"(?<![.\w])policy=", comment)[1:]:
+        names, rest = segment.split(" ", 1)
+        knobs = [f"policy.{k}={v.split(',')[0]}" for k, v in re.findall(r"policy\.(\w+)=(\S+)", rest)
+                 if k != "schedule"]
+        schedules = re.search(r"policy\.schedule=(\S+)", rest)
+        out.append((names.split(","), knobs + [f"policy.schedule={s}" for s in (
+            schedules[1].split(",") if schedules else ["after_prefill"])]))
+    return out
+
+
+@pytest.mark.parametrize("experiment", KVPRESS)
+def test_kvpress_grid_runs_every_method_on_its_model(experiment):
+    """Every policy but extreme_decode (no compression ratio) is in the experiment's documented grid, and each
+    job of it passes the preflight's checks that need no weights: its config, and the policy against the model's
+    shipped config (e.g. DuoAttention without a published pattern for the model is refused)."""
+    from kvbench.config.groups import build_policy
+    from kvbench.config.preflight import model_config
+    from kvbench.models.family.adapter import check_policy
+    from kvbench.policies import registry
+
+    grid = _grid(experiment)
+    assert {n for names, _ in grid for n in names} == set(registry()) - {"extreme_decode"}
+    for names, knobs in grid:
+        schedules = [k for k in knobs if k.startswith("policy.schedule=")]
+        for name in names:
+            for schedule in schedules:
+                cfg = _compose(f"experiment={experiment}", f"policy={name}", schedule,
+                               *[k for k in knobs if k not in schedules])
+                prepare(cfg)
+                check_policy(model_config(cfg), build_policy(cfg), cfg.task.context_length + 128)
+
+
 def test_experiments_exist():
     assert set(HARDWARE) <= set(EXPERIMENTS)
 

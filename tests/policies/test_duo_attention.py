@@ -216,3 +216,31 @@ def test_account_follows_the_cache_while_streaming_heads_slide(tiny_llama, monke
 
     monkeypatch.setattr(account, "_at_test_size", lambda name: DuoAttention(schedule=schedule, evict_every=4))
     account.check_account("duo_attention", tiny_llama, monkeypatch)
+
+
+def test_preflight_refuses_a_model_without_a_pattern_from_its_config(tmp_path):
+    """`check_policy` (the preflight, from the model's config: no weights, nothing fetched) refuses a named model
+    kvpress has no pattern for unless a calibration file or a pattern folder of the model's shape is given; the
+    Hub's newer name for Llama-3.1-8B-Instruct is kvpress's pattern (the same weights)."""
+    from kvbench.artifacts import duo_patterns
+    from kvbench.models.family.adapter import check_policy
+
+    config = tiny().config
+    config.name_or_path = "Qwen/Qwen3-8B"
+    with pytest.raises(ConfigError) as e:
+        check_policy(config, DuoAttention(), 64)
+    assert e.value.key == "policy.head_patterns" and "Qwen/Qwen3-8B" in str(e.value)
+    check_policy(config, DuoAttention(calibration=str(tmp_path / "texts.json")), 64)  # read when the model is loaded
+    L, H = T.CONFIG["num_hidden_layers"], T.CONFIG["num_key_value_heads"]
+    check_policy(config, DuoAttention(patterns=pattern_folder(tmp_path, np.ones((L, H)), 2, 8)), 64)
+    wrong = tmp_path / "wrong"
+    wrong.mkdir()
+    with pytest.raises(ConfigError, match="pattern shape"):
+        check_policy(config, DuoAttention(patterns=pattern_folder(wrong, np.ones((L + 1, H)), 2, 8)), 64)
+    with pytest.raises(ConfigError, match="no published pattern"):
+        check_policy(config, DuoAttention(patterns="Qwen/Qwen3-8B"), 64)
+    for name in ("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Meta-Llama-3.1-8B-Instruct"):
+        config.name_or_path = name
+        check_policy(config, DuoAttention(), 64)
+        assert duo_patterns.known(name) == "meta-llama/Meta-Llama-3.1-8B-Instruct"
+    assert duo_patterns.known("Qwen/Qwen3-8B") is None

@@ -222,4 +222,5 @@ def check_policy(config, policy, seq_len: int | None = None, k: ModelKinds | Non
                           f"{k.describe()})", True)
     if policy.evicts and policy.rerotate and (why := rope_problem(config)):
         raise ConfigError("policy.rerotate", f"needs plain RoPE: {why} (model family {k.family!r})", True)
+    policy.check_model(config)
     return k
