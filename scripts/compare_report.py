@@ -3,10 +3,11 @@
 One row per (task, query-aware, policy, compression ratio), its newest ok record: accuracy with its 95% bootstrap
 interval (niah: string_match_all; CNN/DM: ROUGE-2), peak KV, the KV held during decode (mean over decode steps, and
 as a share of the full cache's on the same prompts), prefill time with the scoring passes inside it, decode time.
-Then the configurations of the sweep not yet recorded, and the command that runs them. The plot puts accuracy
-against the KV held during decode (x full), one panel per task.
+A summary beside it: one row per policy, its accuracy in each (task, query-aware, ratio) column. Then the
+configurations of the sweep (PARTS) not yet recorded, and the commands that run them. The plot puts accuracy
+against the KV held during decode (x full), one panel per task and query setting.
 
-    python scripts/compare_report.py [results/compare]   # writes table.md, missing.md, accuracy_vs_kv.png
+    python scripts/compare_report.py [results/compare]   # writes table.md, summary.md, missing.md, accuracy_vs_kv.png
 """
 
 from __future__ import annotations
@@ -23,6 +24,12 @@ from kvbench.results import read_records  # noqa: E402
 MIB = 2**20
 METRIC = {"niah_single_1": "string_match_all", "cnndm": "rouge2"}
 SWEEP = "python scripts/compare_sweep.py --data-dir ../shared/data"
+RATIOS = [0.5, 0.75]
+# the sweep's parts: (tasks, query-aware, the command's arguments); CNN/DM refuses query-agnostic (no question apart
+# from its article)
+PARTS = [(["niah1k", "cnndm"], True, ""), (["niah2k"], True, " --tasks niah2k"),
+         (["niah1k", "niah2k"], False, " --tasks niah1k,niah2k --agnostic")]
+COLUMNS = [(t, a, r) for tasks, a, _ in PARTS for t in tasks for r in RATIOS]
 
 
 def task_key(r: dict) -> str:
@@ -78,38 +85,57 @@ def missing(records: list[dict], tasks: list[str], ratios: list[float], aware: b
     return [c for c in configurations(tasks, ratios, policies(None)) if (c[0], aware, c[1], c[2]) not in by]
 
 
+def render_summary(records: list[dict]) -> str:
+    """One row per policy: its accuracy in each (task, query-aware, ratio) column (the full cache's in every
+    column of its task and query setting), "-" where not recorded."""
+    by = rows(records)
+    names = sorted({k[2] for k in by if k[2] != "full"})
+    head = ["policy", *[f"{t} {'QA' if a else 'agnostic'} {r}" for t, a, r in COLUMNS]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name in ["full", *names]:
+        cells = []
+        for t, a, r in COLUMNS:
+            rec = by.get((t, a, name, None if name == "full" else r))
+            cells.append("-" if rec is None else f"{metric(rec)[0]:.2f}")
+        lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def render_missing(records: list[dict]) -> str:
-    """What the page lists as not yet run: this session's scope left over, then the sweeps not started."""
-    left = missing(records, ["niah1k", "cnndm"], [0.5, 0.75])
-    done = sum(1 for k in rows(records) if k[0] in ("niah1k", "cnndm") and k[1])
-    lines = [f"{done} of {done + len(left)} query-aware configurations on niah1k and CNN/DM are recorded."]
-    groups: dict[tuple, list[str]] = {}
-    for task, policy, ratio in left:
-        groups.setdefault((task, ratio), []).append(policy)
-    lines += [f"- not yet run: {task} at ratio {'- (full cache)' if ratio is None else ratio}: "
-              + ", ".join(f"`{p}`" for p in names) for (task, ratio), names in groups.items()]
-    lines += ["", "The command that completes them (it skips what is recorded):", "", "```bash", SWEEP, "```", "",
-              "Not yet run at all, the same command with other arguments:", "", "```bash",
-              "# niah_single_1 at 2k tokens, query-aware", f"{SWEEP} --tasks niah2k",
-              "# query-agnostic (task.query_aware=false)", f"{SWEEP} --tasks niah1k,niah2k --agnostic", "```", "",
-              "CNN/DM has no question apart from its article: query-agnostic is refused there (one line)."]
+    """What the page lists as not yet run, part by part, with the command that completes each part."""
+    lines = []
+    for tasks, aware, args in PARTS:
+        left = missing(records, tasks, RATIOS, aware)
+        done = sum(1 for k in rows(records) if k[0] in tasks and k[1] == aware)
+        what = f"{'query-aware' if aware else 'query-agnostic'} configurations on {', '.join(tasks)}"
+        lines.append(f"- {done} of {done + len(left)} {what} are recorded: `{SWEEP}{args}`")
+        groups: dict[tuple, list[str]] = {}
+        for task, policy, ratio in left:
+            groups.setdefault((task, ratio), []).append(policy)
+        lines += [f"    - not yet run: {task} at ratio {'- (full cache)' if ratio is None else ratio}: "
+                  + ", ".join(f"`{p}`" for p in names) for (task, ratio), names in groups.items()]
+    lines += ["", "Each command skips what is recorded: run again, it completes its part. CNN/DM has no question "
+              "apart from its article: query-agnostic is refused there (one line)."]
     return "\n".join(lines) + "\n"
 
 
 def plot(records: list[dict], out: Path) -> None:
+    """One panel per (task, query setting) recorded: accuracy against the KV held during decode (x full)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     by = rows(records)
-    tasks = [t for t in ("niah1k", "niah2k", "cnndm") if any(k[0] == t for k in by)]
+    panels = [(t, a) for tasks, a, _ in PARTS for t in tasks if any(k[0] == t and k[1] == a for k in by)]
     names = sorted({k[2] for k in by})
     colour = {n: plt.get_cmap("tab20")(i % 20) for i, n in enumerate(names)}
-    fig, axes = plt.subplots(1, len(tasks), figsize=(6.0 * len(tasks), 4.6), squeeze=False)
-    for ax, task in zip(axes[0], tasks, strict=True):
+    cols = 3
+    n_rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(n_rows, cols, figsize=(6.0 * cols, 4.6 * n_rows), squeeze=False)
+    for ax, (task, aware) in zip(axes.flat, panels, strict=False):
         for key in sorted(by, key=order):
-            if key[0] != task or not key[1]:
+            if key[0] != task or key[1] != aware:
                 continue
             m, (lo, hi) = metric(by[key])
             x = share(by, key, "decode_kv_bytes_mean")
@@ -118,20 +144,25 @@ def plot(records: list[dict], out: Path) -> None:
                         label=key[2] if key[3] in (None, 0.5) else None)
         ax.set_xlabel("KV held during decode (mean, x full cache)")
         ax.set_ylabel(f"{METRIC['cnndm' if task == 'cnndm' else 'niah_single_1']} (95% CI)")
-        ax.set_title(f"{task}, query-aware (o: ratio 0.5, ^: 0.75, *: full)")
+        ax.set_title(f"{task}, {'query-aware' if aware else 'query-agnostic'} (o: ratio 0.5, ^: 0.75, *: full)")
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    seen = dict(zip(labels, handles, strict=True))
+    fig.legend(list(seen.values()), list(seen), fontsize=7, ncol=1, loc="upper left", bbox_to_anchor=(1.0, 0.98))
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=110, bbox_inches="tight")
 
 
 def main() -> None:
     folder = Path(sys.argv[1] if len(sys.argv) > 1 else ROOT / "results" / "compare")
     records = read_records(folder)
     (folder / "table.md").write_text(render(records))
+    (folder / "summary.md").write_text(render_summary(records))
     (folder / "missing.md").write_text(render_missing(records))
     plot(records, folder / "accuracy_vs_kv.png")
-    print(render(records))
+    print(render_summary(records))
     print(render_missing(records))
 
 
