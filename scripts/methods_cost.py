@@ -169,7 +169,8 @@ def render(records: list[dict], plan: dict) -> str:
     head = ("| policy | ROUGE-2 [95% CI] | decode KV mean MiB (x full) | decode KV peak (x full) | peak KV (x full) "
             "| peak memory (x full) | prefill s (scoring passes) | decode tok/s | largest batch / first OOM | the same, "
             "evicting during prefill |")
-    lines = [head, "|" + "---|" * 10]
+    lines = ["**Compressing once after prefill** (kvpress's protocol), at compression ratio 0.5:", "", head,
+             "|" + "---|" * 10]
     for name in ["full", *sorted(n for n in by if n != "full")]:
         r, p = by[name], plan["rows"].get(name, {})
         m = r["metrics"]
@@ -197,7 +198,9 @@ def render_serve(records: list[dict]) -> str:
     full = by.get("full")
     if full is None:
         return ""
-    lines = ["", "| policy, `mode=serve` | ROUGE-2 [95% CI] | decode KV mean MiB (x full) | decode KV peak (x full) |",
+    lines = ["", "**In `mode=serve`**: the same 4 prompts at once over a paged pool, each (layer, KV head) freeing its "
+             "own pages; the KV columns are the pages in use during decode steps, against the full cache's served.", "",
+             "| policy, `mode=serve` | ROUGE-2 [95% CI] | decode KV mean MiB (x full) | decode KV peak (x full) |",
              "|" + "---|" * 4]
     for name in ["full", *sorted(n for n in by if n != "full")]:
         r, m = by[name], by[name]["metrics"]
@@ -215,7 +218,8 @@ def render_prefill(records: list[dict], full: dict) -> str:
           if r.get("status") == "ok" and r.get("mode") == "run" and r.get("schedule") == "prefill_and_decode"}
     if not by:
         return ""
-    lines = ["", "| policy, evicting during prefill | ROUGE-2 [95% CI] | decode KV mean MiB (x full) | peak KV (x full) "
+    lines = ["", "**Evicting during prefill** (`schedule=prefill_and_decode`, blocks of 64): against the full cache's "
+             "run of the first table.", "", "| policy, evicting during prefill | ROUGE-2 [95% CI] | decode KV mean MiB (x full) | peak KV (x full) "
              "| peak memory (x full) | prefill s | decode tok/s |", "|" + "---|" * 7]
     for name in sorted(by):
         r, m = by[name], by[name]["metrics"]
