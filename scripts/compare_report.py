@@ -87,19 +87,23 @@ def missing(records: list[dict], tasks: list[str], ratios: list[float], aware: b
 
 
 def render_summary(records: list[dict]) -> str:
-    """One row per policy: its accuracy in each (task, query-aware, ratio) column (the full cache's in every
-    column of its task and query setting), "-" where not recorded."""
+    """Two tables (query-aware, query-agnostic), one row per policy: its accuracy in each (task, ratio) column (the
+    full cache's in every column of its task), "-" where not recorded."""
     by = rows(records)
-    names = sorted({k[2] for k in by if k[2] != "full"})
-    head = ["policy", *[f"{t} {'QA' if a else 'agnostic'} {r}" for t, a, r in COLUMNS]]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for name in ["full", *names]:
-        cells = []
-        for t, a, r in COLUMNS:
-            rec = by.get((t, a, name, None if name == "full" else r))
-            cells.append("-" if rec is None else f"{metric(rec)[0]:.2f}")
-        lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    names = ["full", *sorted({k[2] for k in by if k[2] != "full"})]
+    tables = []
+    for aware in (True, False):
+        cols = [(t, r) for t, a, r in COLUMNS if a == aware]
+        head = ["query-aware" if aware else "query-agnostic", *[f"{t} {r}" for t, r in cols]]
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for name in names:
+            cells = []
+            for t, r in cols:
+                rec = by.get((t, aware, name, None if name == "full" else r))
+                cells.append("-" if rec is None else f"{metric(rec)[0]:.2f}")
+            lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
+        tables.append("\n".join(lines) + "\n")
+    return "\n".join(tables)
 
 
 def render_missing(records: list[dict]) -> str:

@@ -116,8 +116,7 @@ class Policy:
     # sweep they are reset to the policy's own defaults and named in the record's `ignored_keys` (kvbench.config)
     inert_keys: ClassVar[tuple[str, ...]] = ()
     layer_budget: ClassVar[str] = "uniform"  # the layer rule (kvbench.budgets.rule): "pyramid" for PyramidKV
-    # what it refuses and why (kvbench.budgets.validate refuses it with the reason; the matrix's oracle reads it):
-    # other schedules than after_prefill (one compression of the whole prompt), adaptive head budgets
+    # why it refuses other schedules than after_prefill / adaptive head budgets (budgets.validate; the matrix's oracle)
     after_prefill_only: ClassVar[str | None] = None
     uniform_heads_only: ClassVar[str | None] = None
 
@@ -153,9 +152,8 @@ class Policy:
             self.compression_ratio is not None) else None
 
     # ----------------------------------------------------------------- scoring
-    def check_model(self, config) -> None:
-        """What the preflight can tell from the model's transformers `config` alone (no weights, nothing fetched):
-        ConfigError (one line) when this policy cannot run on that model."""
+    def check_model(self, config) -> None:  # preflight, from the model's config alone: ConfigError if it cannot run
+        pass
 
     def prepare(self, tokenizer, model=None) -> None:
         """Once per run, before generating (kvbench.engine.generate): KVzip's template, DuoAttention's head pattern."""
