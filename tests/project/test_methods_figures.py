@@ -127,3 +127,17 @@ def test_evicting_during_prefill_is_read_as_recorded(data):
            f"The KV held during decode is 0.49\nof the full cache's, {x('snapkv', 'decode_kv_bytes_mean'):.2f} for SnapKV, "
            "PyramidKV and ExpectedAttention",
            f"DuoAttention holds {x('duo_attention', 'peak_kv_bytes'):.2f} there too")
+
+
+def test_duo_attentions_floor_is_its_windows(data):
+    """The page's bound on DuoAttention's decode KV: half the heads whole, half kvpress's on-the-fly windows."""
+    from kvbench.artifacts.duo_patterns import ON_THE_FLY_WINDOWS
+
+    _, by, _, records = data
+    window = sum(ON_THE_FLY_WINDOWS)
+    longest = by["full"]["prompts"]["tokens_max"] + by["full"]["max_new_tokens"]
+    served = {r["policy"]: r["decode_kv_bytes_mean"] for r in records if r.get("mode") == "serve"}
+    assert 0.5 + 0.5 * window / longest < 0.7 < served["duo_attention"] / served["full"]  # the floor, then pages
+    states("docs/methods.md", f"the other half {window} pairs each ({ON_THE_FLY_WINDOWS[0]} sinks, "
+           f"{ON_THE_FLY_WINDOWS[1]} recent", f"(0.5 + 0.5 x {window} / {longest} for the longest)",
+           f"sequences of more than {round(window / 0.2)} tokens")
