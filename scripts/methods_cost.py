@@ -153,6 +153,20 @@ def _x(v, full) -> str:
     return "-" if v is None or not full else f"{v / full:.2f}"
 
 
+def _rouge(r: dict) -> str:
+    m = r["metrics"]
+    ci = m.get("rouge2_ci") or [None, None]
+    return f"{m['rouge2']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
+def _decode_kv(r: dict, full: dict) -> str:
+    return f"{r['decode_kv_bytes_mean'] / MIB:.1f} ({_x(r['decode_kv_bytes_mean'], full['decode_kv_bytes_mean'])})"
+
+
+def _tok_s(r: dict) -> str:
+    return f"{r['generated_tokens'] / r['decode_s']:.1f}" if r.get("decode_s") else "-"
+
+
 def _batch(p: dict) -> str:
     if "refused" in p:
         return "refused"
@@ -173,18 +187,13 @@ def render(records: list[dict], plan: dict) -> str:
              "|" + "---|" * 10]
     for name in ["full", *sorted(n for n in by if n != "full")]:
         r, p = by[name], plan["rows"].get(name, {})
-        m = r["metrics"]
-        ci = m.get("rouge2_ci") or [None, None]
-        decode = r["generated_tokens"] / r["decode_s"] if r.get("decode_s") else None
         lines.append("| " + " | ".join([
-            f"`{name}`",
-            f"{m['rouge2']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]",
-            f"{r['decode_kv_bytes_mean'] / MIB:.1f} ({_x(r['decode_kv_bytes_mean'], full['decode_kv_bytes_mean'])})",
+            f"`{name}`", _rouge(r), _decode_kv(r, full),
             _x(r["decode_kv_bytes_peak"], full["decode_kv_bytes_peak"]),
             _x(r["peak_kv_bytes"], full["peak_kv_bytes"]),
             _x(r["peak_mem_bytes"], full["peak_mem_bytes"]),
             f"{r['prefill_s']:.1f}" + (f" ({r['score_pass_s']:.1f})" if r.get("score_pass_s") else ""),
-            "-" if decode is None else f"{decode:.1f}",
+            _tok_s(r),
             _batch(p.get("after_prefill", {})),
             _batch(p.get("prefill_and_decode", {}) if name != "full" else p.get("after_prefill", {})),
         ]) + " |")
@@ -203,10 +212,8 @@ def render_serve(records: list[dict]) -> str:
              "| policy, `mode=serve` | ROUGE-2 [95% CI] | decode KV mean MiB (x full) | decode KV peak (x full) |",
              "|" + "---|" * 4]
     for name in ["full", *sorted(n for n in by if n != "full")]:
-        r, m = by[name], by[name]["metrics"]
-        ci = m.get("rouge2_ci") or [None, None]
-        lines.append(f"| `{name}` | {m['rouge2']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}] | "
-                     f"{r['decode_kv_bytes_mean'] / MIB:.1f} ({_x(r['decode_kv_bytes_mean'], full['decode_kv_bytes_mean'])}) | "
+        r = by[name]
+        lines.append(f"| `{name}` | {_rouge(r)} | {_decode_kv(r, full)} | "
                      f"{_x(r['decode_kv_bytes_peak'], full['decode_kv_bytes_peak'])} |")
     return "\n".join(lines) + "\n"
 
@@ -219,17 +226,15 @@ def render_prefill(records: list[dict], full: dict) -> str:
     if not by:
         return ""
     lines = ["", "**Evicting during prefill** (`schedule=prefill_and_decode`, blocks of 64): against the full cache's "
-             "run of the first table.", "", "| policy, evicting during prefill | ROUGE-2 [95% CI] | decode KV mean MiB (x full) | peak KV (x full) "
+             "run of the first table.", "",
+             "| policy, evicting during prefill | ROUGE-2 [95% CI] | decode KV mean MiB (x full) | peak KV (x full) "
              "| peak memory (x full) | prefill s | decode tok/s |", "|" + "---|" * 7]
     for name in sorted(by):
-        r, m = by[name], by[name]["metrics"]
-        ci = m.get("rouge2_ci") or [None, None]
-        decode = r["generated_tokens"] / r["decode_s"] if r.get("decode_s") else None
+        r = by[name]
         lines.append("| " + " | ".join([
-            f"`{name}`", f"{m['rouge2']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]",
-            f"{r['decode_kv_bytes_mean'] / MIB:.1f} ({_x(r['decode_kv_bytes_mean'], full['decode_kv_bytes_mean'])})",
+            f"`{name}`", _rouge(r), _decode_kv(r, full),
             _x(r["peak_kv_bytes"], full["peak_kv_bytes"]), _x(r["peak_mem_bytes"], full["peak_mem_bytes"]),
-            f"{r['prefill_s']:.1f}", "-" if decode is None else f"{decode:.1f}"]) + " |")
+            f"{r['prefill_s']:.1f}", _tok_s(r)]) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -20,3 +20,13 @@ def load_script(name: str):
     finally:
         sys.path.remove(str(SCRIPTS))
     return module
+
+
+def report_data(name: str, folder: Path):
+    """(scripts/<name>.py as a module, the records in `folder`, the module's `rows` of them): what a report's
+    figures test reads."""
+    from kvbench.results import read_records
+
+    module = load_script(name)
+    records = read_records(folder)
+    return module, records, module.rows(records)

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.results import read_records
-from tests.scripts import load_script
+from tests.scripts import report_data
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDER = ROOT / "results" / "compare"
@@ -19,9 +18,7 @@ TEXT = " ".join(PAGE.split())
 
 @pytest.fixture(scope="module")
 def data():
-    module = load_script("compare_report")
-    records = read_records(FOLDER)
-    return module, records, module.rows(records)
+    return report_data("compare_report", FOLDER)
 
 
 def test_table_is_its_records(data):

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.results import read_records
-from tests.scripts import load_script
+from tests.scripts import report_data
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDER = ROOT / "results" / "mini_quant"
@@ -18,9 +17,7 @@ MIB = 2**20
 
 @pytest.fixture(scope="module")
 def data():
-    module = load_script("quant_report")
-    records = read_records(FOLDER)
-    return module, records, module.rows(records)
+    return report_data("quant_report", FOLDER)
 
 
 def test_table_is_its_records(data):
