@@ -5,6 +5,8 @@ most 1024 tokens at batch 4, 32 new tokens, the prompt compressed once after pre
     python scripts/methods_cost.py [--out results/methods_cost] [--data-dir ../shared/data] [--only snapkv,kvzip]
     python scripts/methods_cost.py --serve --only kvzip,duo_attention   # the same in mode=serve, into the same OUT
     python scripts/methods_cost.py --prefill   # the same evicting during prefill, into the same OUT
+    python scripts/methods_cost.py --serve --prefill --only duo_attention   # served, evicting during prefill
+    python scripts/methods_cost.py --long --only duo_attention   # served on 4k-token RULER prompts, both schedules
 
 1. Runs each policy, one after the other in this one process (skip_existing: a rerun resumes where a crash
    stopped it) -> OUT/runs.jsonl: the KV held during decode (mean and peak over decode steps, measured
@@ -17,7 +19,11 @@ most 1024 tokens at batch 4, 32 new tokens, the prompt compressed once after pre
 With --serve, step 1 runs in mode=serve instead (batch_size=1, serve.max_running=4: the same 4 prompts at once
 over a paged pool, where each (layer, KV head) frees its own pages) and step 2 is skipped. With --prefill, step 1
 runs under schedule=prefill_and_decode (Algorithm 1: the budget held from the first block on, blocks of p = 64),
-for the policies defined there (the others are refused in preflight, one line each), and step 2 is skipped.
+for the policies defined there (the others are refused in preflight, one line each), and step 2 is skipped; both
+flags: served, evicting during prefill. With --long, the full cache and the policies run in mode=serve on
+RULER's niah_single_1 at 4096 tokens (the kvpress leaderboard's length; 4 prompts, 16 new tokens), after prefill
+and evicting during prefill, and step 2 is skipped: what a method whose floor depends on the prompt's length
+(DuoAttention's streaming heads keep 384 pairs whatever the prompt) holds at the leaderboard's length.
 3. Writes OUT/table.md (`render`, which tests/project/test_methods_figures.py recomputes from the two files).
 
 Not every policy runs as published here: extreme_decode (Algorithm 2 keeps 2 pairs while decoding: no ratio) is
@@ -81,19 +87,23 @@ def policies(only: str | None) -> list[str]:
 
 
 SERVE = ["mode=serve", "batch_size=1", "serve.max_running=4", "serve.plot=false"]  # the same 4 at once, paged
+TASK = "cnndm"  # the experiment's task: the first three tables
+LONG = ["task=niah_single_1", "task.context_length=4096", "task.n_samples=4", "gen.max_new_tokens=16"]  # --long
 
 
-def run_all(names: list[str], out: str, data_dir: str, serve: bool = False, prefill: bool = False) -> None:
+def run_all(names: list[str], out: str, data_dir: str, serve: bool = False, prefill: bool = False,
+            long: bool = False) -> None:
     """Every policy in this one process, one after the other (their times compare only within one process);
     `serve`: in mode=serve, where each (layer, KV head) frees its own pages; `prefill`: evicting during prefill
-    (schedule=prefill_and_decode; the full cache is not run again, it has no schedule)."""
+    (schedule=prefill_and_decode; the full cache is not run again, it has no schedule); `long`: served on LONG's
+    prompts, the full cache and each policy after prefill and evicting during prefill."""
+    runs = [(n, s) for n in names for s in ((None,) if n == "full" else SCHEDULES)] if long else [
+        (n, "prefill_and_decode" if prefill else None) for n in names if not (prefill and n == "full")]
     jobs = []
-    for name in names:
-        if prefill and name == "full":
-            continue
+    for name, schedule in runs:
         overrides = [f"experiment={EXPERIMENT}", f"policy={name}", *extra(name, data_dir), f"data.dir={data_dir}",
-                     f"results_dir={out}", "skip_existing=true", *(SERVE if serve else []),
-                     *(["policy.schedule=prefill_and_decode"] if prefill else [])]
+                     f"results_dir={out}", "skip_existing=true", *(SERVE if serve or long else []),
+                     *(LONG if long else []), *([f"policy.schedule={schedule}"] if schedule else [])]
         jobs.append(overrides + ([f"memory.limit_gb={RUN_LIMIT_GB[name]}"] if name in RUN_LIMIT_GB else []))
     run_jobs(jobs, "methods_cost")
 
@@ -173,10 +183,10 @@ def _batch(p: dict) -> str:
     return "-" if "max_batch_size" not in p else f"{p['max_batch_size'] or '-'} / {p['first_oom_batch_size'] or '-'}"
 
 
-def render(records: list[dict], plan: dict) -> str:
-    """The table: one row per policy (the newest ok record of each), the full cache first."""
-    by = {r["policy"]: r for r in records
-          if r.get("status") == "ok" and r.get("mode") == "run" and r.get("schedule") != "prefill_and_decode"}
+def render(all_records: list[dict], plan: dict) -> str:
+    """The tables: one row per policy (the newest ok record of each), the full cache first."""
+    records = [r for r in all_records if r.get("status") == "ok" and r.get("task") == TASK]  # --long's: their own table
+    by = {r["policy"]: r for r in records if r.get("mode") == "run" and r.get("schedule") != "prefill_and_decode"}
     full = by.get("full")
     if full is None:
         raise ValueError("no full-cache record: nothing to compare against")
@@ -197,25 +207,55 @@ def render(records: list[dict], plan: dict) -> str:
             _batch(p.get("after_prefill", {})),
             _batch(p.get("prefill_and_decode", {}) if name != "full" else p.get("after_prefill", {})),
         ]) + " |")
-    return "\n".join(lines) + "\n" + render_serve(records) + render_prefill(records, full)
+    return ("\n".join(lines) + "\n" + render_serve(records) + render_prefill(records, full)
+            + render_long(all_records))
+
+
+def served(records: list[dict]) -> dict[tuple[str, str], dict]:
+    """(policy, "after prefill" or "evicting during prefill") -> the newest served record of each."""
+    return {(r["policy"], "evicting during prefill" if r.get("schedule") == "prefill_and_decode"
+             else "after prefill"): r for r in records if r.get("mode") == "serve"}
+
+
+def _served_rows(by: dict, full: dict, score) -> list[str]:
+    """One row per served record, the full cache's first: its score, the KV its pages hold while decoding (mean,
+    peak) and over the whole run, prefill included (peak KV), against the full cache's."""
+    rows = []
+    for name, when in sorted(by, key=lambda k: (k[0] != "full", k)):
+        r = by[name, when]
+        rows.append(f"| `{name}`{'' if name == 'full' else ', ' + when} | {score(r)} | {_decode_kv(r, full)} | "
+                    f"{_x(r['decode_kv_bytes_peak'], full['decode_kv_bytes_peak'])} | "
+                    f"{_x(r['peak_kv_bytes'], full['peak_kv_bytes'])} |")
+    return rows
+
+
+SERVED_HEAD = "decode KV mean MiB (x full) | decode KV peak (x full) | peak KV (x full) |"
 
 
 def render_serve(records: list[dict]) -> str:
-    """The policies also run in mode=serve (`--serve`): the KV their pages hold while decoding, against the full
-    cache's pages ("" when none ran)."""
-    by = {r["policy"]: r for r in records if r.get("status") == "ok" and r.get("mode") == "serve"}
-    full = by.get("full")
+    """The policies also run in mode=serve (`--serve`): the KV their pages hold while decoding and over the whole
+    run, against the full cache's pages ("" when none ran)."""
+    by = served(records)
+    full = by.get(("full", "after prefill"))
     if full is None:
         return ""
     lines = ["", "**In `mode=serve`**: the same 4 prompts at once over a paged pool, each (layer, KV head) freeing its "
-             "own pages; the KV columns are the pages in use during decode steps, against the full cache's served.", "",
-             "| policy, `mode=serve` | ROUGE-2 [95% CI] | decode KV mean MiB (x full) | decode KV peak (x full) |",
-             "|" + "---|" * 4]
-    for name in ["full", *sorted(n for n in by if n != "full")]:
-        r = by[name]
-        lines.append(f"| `{name}` | {_rouge(r)} | {_decode_kv(r, full)} | "
-                     f"{_x(r['decode_kv_bytes_peak'], full['decode_kv_bytes_peak'])} |")
-    return "\n".join(lines) + "\n"
+             "own pages; the KV columns are the pages in use during decode steps and over the whole run, against the "
+             "full cache's served.", "", f"| policy, `mode=serve` | ROUGE-2 [95% CI] | {SERVED_HEAD}", "|" + "---|" * 5]
+    return "\n".join(lines + _served_rows(by, full, _rouge)) + "\n"
+
+
+def render_long(records: list[dict]) -> str:
+    """`--long`: served on RULER niah_single_1 at 4096 tokens, against the full cache's pages ("" when none ran)."""
+    by = served([r for r in records if r.get("status") == "ok" and r.get("task") == "niah_single_1"])
+    full = by.get(("full", "after prefill"))
+    if full is None:
+        return ""
+    lines = ["", "**At the leaderboard's length, in `mode=serve`** (`--long`): RULER niah_single_1 at 4096 tokens, 4 "
+             "prompts at once, 16 new tokens.", "", f"| policy, `mode=serve` | needle found | {SERVED_HEAD}",
+             "|" + "---|" * 5]
+    found = lambda r: f"{r['metrics']['string_match_all']:.2f}"  # noqa: E731
+    return "\n".join(lines + _served_rows(by, full, found)) + "\n"
 
 
 def render_prefill(records: list[dict], full: dict) -> str:
@@ -247,17 +287,18 @@ def main() -> None:
     p.add_argument("--plan-only", action="store_true", help="plan again, then render (the runs are kept)")
     p.add_argument("--serve", action="store_true", help="run the policies in mode=serve too (no plan)")
     p.add_argument("--prefill", action="store_true", help="run them evicting during prefill too (no plan)")
+    p.add_argument("--long", action="store_true", help="serve them on 4k-token RULER prompts, both schedules (no plan)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: steady on a shared machine)")
     args = p.parse_args()
     import torch
 
     torch.set_num_threads(args.threads)
     names = policies(args.only)
-    if args.serve or args.prefill:
-        run_all(names, args.out, args.data_dir, serve=args.serve, prefill=args.prefill)
+    if args.serve or args.prefill or args.long:
+        run_all(names, args.out, args.data_dir, serve=args.serve, prefill=args.prefill, long=args.long)
     elif not (args.table_only or args.plan_only):
         run_all(names, args.out, args.data_dir)
-    if not (args.table_only or args.serve or args.prefill):
+    if not (args.table_only or args.serve or args.prefill or args.long):
         plan_all(names, args.out, args.data_dir)
     from kvbench.report import latest
     from kvbench.results import read_records

@@ -258,8 +258,6 @@ def violations(c: Combo) -> list[tuple[str, ...]]:
         if c.mode == "serve_limits" and c.evicts:
             out.append(("policy.head_budget",))  # its ranking needs the passes' scores, which serve_limits never computes
     if c.policy in HEAD_PATTERN:  # DuoAttention: its head pattern is the budget
-        if c.serving and c.schedule != "after_prefill":
-            out.append(("policy.head_budget",))  # serve splits a request's heads once, when its prefill ends
         if c.head_budget == "adaptive":
             out.append(("policy.head_budget",))  # its heads keep what the pattern says
         if c.preset or c.budget != "compression_ratio":  # compression_ratio: read as the share of streaming heads
@@ -268,6 +266,8 @@ def violations(c: Combo) -> list[tuple[str, ...]]:
             out.append(("policy.head_budget", "policy.rerotate"))  # heads of different counts
         if c.mode == "serve_limits":
             out.append(("policy.head_budget",))  # the pattern's heads are chosen from scores serve_limits never computes
+        elif c.serving and c.schedule != "after_prefill":  # a streaming head slides by whole blocks as it runs:
+            out.append(("serve.block_size",))  # the tiny models' random pattern keeps 2 + 10 pairs, under one block
     if c.head_budget == "adaptive":
         if c.policy in ("full", "window", "streaming_llm", "extreme_decode"):
             out.append(("policy.head_budget",))  # no score to split a layer's budget by (full: no budget)

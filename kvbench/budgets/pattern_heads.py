@@ -11,7 +11,9 @@ Pure: ranked scores in, counts out; vectorised over layers, samples and heads.
 
 What the engine needs (as AdaKV's rule): a score (`needs_score`), heads holding different counts (`uneven`: each
 head's hole masked, kvbench.cache.heads), and each head at most every pair its sample holds (`slots`: the cache
-holds the largest head's, a retrieval head's; serve mode frees a streaming head's pages, after_prefill only).
+holds the largest head's, a retrieval head's). Serving needs no score to know the counts: each (layer, KV head)'s
+budget is fixed by the pattern (`head_budgets`: a retrieval head the whole request, a streaming head its window), so
+a streaming head frees its own pages as the request grows, under every schedule.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class PatternHeads(HeadRule):
     needs_score: ClassVar[bool] = True
     once_only: ClassVar[bool] = False  # after_prefill: once; the other schedules: at every eviction
     uneven: ClassVar[bool] = True
+    fixed: ClassVar[bool] = True
     transient: ClassVar[int] = TRANSIENT_BYTES
 
     def validate(self, policy) -> None:
@@ -54,6 +57,19 @@ class PatternHeads(HeadRule):
         """A retrieval head keeps every pair its sample holds: unbounded here, the prompt's length in the cache."""
         big = 1 << 40
         return torch.full_like(pairs, big) if isinstance(pairs, torch.Tensor) else big
+
+    def head_budgets(self, policy, config, fetch: bool = True):
+        """request -> (L, H): a retrieval head everything the request will hold (it never evicts), a streaming head
+        `policy.window` (after_prefill: at most the prompt, as the streaming layer rule)."""
+        retrieval = policy.retrieval_heads(config, fetch)  # (L, H) bool, or None: not without the Hub or weights
+        if retrieval is None:
+            return None
+        retrieval = retrieval.cpu()
+
+        def budget(req) -> torch.Tensor:
+            n = len(req.prompt)
+            return torch.where(retrieval, n + req.max_new_tokens, min(n, policy.window) if policy.once else policy.window)
+        return budget
 
     def counts(self, policy, ranked: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         return pattern_counts(ranked, keep)

@@ -40,6 +40,7 @@ class HeadRule:
     # the counts depend on the scores' values, not only on the pairs held (DMS's threshold): the cache and the memory
     # account hold a bound (`slots`), which the run's measured allocation stays at or under
     data_dependent: ClassVar[bool] = False
+    fixed: ClassVar[bool] = False  # each head's budget is known from the model's config before any score (`head_budgets`)
 
     def validate(self, policy) -> None:
         """ConfigError naming `policy.head_budget` when the policy cannot run under this rule."""
@@ -57,6 +58,13 @@ class HeadRule:
     def recent(self, policy) -> int | None:
         """The newest pairs every eviction protects when the rule sets them (threshold: its window); None: the
         policy's `protect_recent`."""
+        return None
+
+    def head_budgets(self, policy, config, fetch: bool = True):
+        """request -> (L, H) pairs each (layer, KV head) may hold, when the rule fixes them from the model's `config`
+        before any score is read (DuoAttention's pattern): serving then evicts each head by its own budget under any
+        schedule; None: the counts come from the scores at the one compression (`counts`), or, with `fetch=False`
+        (the preflight), they need what is not there yet (the Hub, the weights)."""
         return None
 
     def counts(self, policy, ranked: torch.Tensor, keep: torch.Tensor) -> torch.Tensor | None:

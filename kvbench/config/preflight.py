@@ -175,7 +175,8 @@ def check_pool(cfg: DictConfig, lengths: list[int]) -> None:
         return
     from kvbench.serve.fit import check_requests
 
-    check_requests(cfg, build_policy(cfg), lengths, lambda: getattr(model_config(cfg), "num_hidden_layers", 1))
+    config = model_config(cfg)
+    check_requests(cfg, build_policy(cfg), lengths, lambda: getattr(config, "num_hidden_layers", 1), config)
 
 
 def check_results_dir(results_dir: str) -> None:

@@ -79,7 +79,7 @@ def check_serve(cfg: DictConfig) -> None:
         raise ConfigError("policy.head_budget", f"{policy.head_budget} head budgets split a layer's pairs by scores, "
                           "which mode=serve_limits does not compute (it counts without a model): run mode=serve",
                           policy.head_budget)
-    if rule.needs_score and not policy.once:
+    if rule.needs_score and not policy.once and not rule.fixed:
         raise ConfigError("policy.head_budget", "mode=serve splits a layer's budget across KV heads once, when a "
                           "request's prefill ends (AdaKV's protocol): use policy.schedule=after_prefill",
                           policy.head_budget)

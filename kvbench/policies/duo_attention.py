@@ -150,6 +150,14 @@ class DuoAttention(Policy):
             self._pattern = (key, retrieval, *self._windows(p))
         return self._pattern
 
+    def retrieval_heads(self, config, fetch: bool = True) -> torch.Tensor | None:
+        """(L, H) bool: the retrieval heads of the model of `config` (its pattern resolved, as `score` does).
+        `fetch=False` (the preflight: no weights, nothing fetched): None unless the pattern resolves from the config
+        alone (a nameless model's random scores, a local pattern folder)."""
+        name = getattr(config, "name_or_path", "") or ""
+        local = self.calibration is None and (Path(self.patterns).is_dir() if self.patterns else not name)
+        return self._resolve(config)[1] if fetch or local else None
+
     def check_model(self, config) -> None:
         """The preflight's check, from the model's config alone (nothing fetched): a model with no published
         pattern needs policy.patterns or policy.calibration; a pattern folder must fit the model's heads."""

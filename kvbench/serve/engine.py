@@ -19,13 +19,14 @@ from dataclasses import dataclass, field
 import torch
 
 from kvbench.attention import kv_attention
+from kvbench.budgets import head_rule
 from kvbench.errors import ConfigError
 from kvbench.models.geometry import model_geometry
 from kvbench.policies.policy import Policy
 from kvbench.serve.block_evict import BlockRule
 from kvbench.serve.blocks import BlockManager
 from kvbench.serve.budgets import HeadBudgets, RequestBudgets
-from kvbench.serve.fit import max_blocks, max_pages, stuck, too_long, too_small  # noqa: F401  (max_blocks: the preflight's)
+from kvbench.serve.fit import max_blocks, max_pages, stuck, stuck_key, too_long, too_small  # noqa: F401  (max_blocks: the preflight's)
 from kvbench.serve.model_runner import ModelRunner
 from kvbench.serve.request import Request
 from kvbench.serve.scheduler import Scheduler
@@ -96,13 +97,16 @@ def serve(
     rule = BlockRule.of(policy, block_size)
     geo = model_geometry(model, kinds)
     shape = (len(geo["layer_devices"]), geo["num_kv_heads"])
+    if head_budgets is None and policy.evicts:  # a head rule's own fixed budgets (DuoAttention's pattern), if any
+        head_budgets = head_rule(policy).head_budgets(policy, model.config)
     budgets = RequestBudgets(policy, shape, head_budgets)
     for r in requests:
         budget, recent = budgets(r)
         if max_pages(r, rule, budget) > num_blocks * (1 if budget is None else budget.numel()):
             raise ConfigError("serve.num_blocks", too_small(r, rule, num_blocks, budget), num_blocks)
         if (why := stuck(r, rule, budget, recent)) is not None:
-            raise ConfigError(f"policy.{policy.per_prompt or 'kv_size'}", why, policy.kv_size)
+            key = stuck_key(policy, head_budgets)
+            raise ConfigError(key, why, block_size if key == "serve.block_size" else policy.kv_size)
         if (why := too_long(r, rule, max_tokens_per_step)) is not None:
             raise ConfigError("serve.max_tokens_per_step", why, max_tokens_per_step)
     rotate = policy.rerotate and policy.evicts  # cache rotation: kept keys re-rotated to contiguous slots

@@ -68,6 +68,12 @@ def stuck(req: Request, rule: BlockRule, budget: torch.Tensor | None, recent: to
             f"{int(need[~ok].max())} pairs the protected start and recent areas keep in whole blocks: {why}")
 
 
+def stuck_key(policy, heads) -> str:
+    """The key a `stuck` budget is refused with: the block size when each head's budget is given (a streaming
+    head's window is the pattern's), else the policy's budget knob."""
+    return "serve.block_size" if heads is not None else f"policy.{policy.per_prompt or 'kv_size'}"
+
+
 def too_long(req: Request, rule: BlockRule, max_tokens: int) -> str | None:
     """Why a request whose prompt must be fed in one forward (`rule.whole_prompt`) could never be, or None."""
     if not rule.whole_prompt or len(req.prompt) <= max_tokens:
@@ -76,23 +82,26 @@ def too_long(req: Request, rule: BlockRule, max_tokens: int) -> str | None:
             f"prompt's forward), more than a step's {max_tokens} tokens")
 
 
-def check_requests(cfg, policy, lengths: list[int], layers) -> None:
+def check_requests(cfg, policy, lengths: list[int], layers, config=None) -> None:
     """Before any model loads: every request (one per prompt length) has a budget it can run within and, with a
     fixed pool (`serve.num_blocks`; mode=serve), fits the pool alone (`layers()`: the model's layer count, read
-    only under per-layer budgets). Raises ConfigError (one line)."""
+    only under per-layer budgets; `config`: the model's, for a head rule's fixed budgets when they need nothing
+    more, `HeadRule.head_budgets`). Raises ConfigError (one line)."""
+    from kvbench.budgets import head_rule
     from kvbench.errors import ConfigError
     from kvbench.serve.budgets import RequestBudgets
     from kvbench.serve.limits import limits_shape
 
     s = cfg.serve
     rule = BlockRule.of(policy, s.block_size)
-    budgets = RequestBudgets(policy, limits_shape(policy, layers))
+    heads = head_rule(policy).head_budgets(policy, config, fetch=False) if policy.evicts and config else None
+    budgets = RequestBudgets(policy, limits_shape(policy, layers), heads)
     for i, n in enumerate(lengths):
         req = Request(rid=i, prompt=[0] * n, max_new_tokens=cfg.gen.max_new_tokens)
         budget, recent = budgets(req)
         if (why := stuck(req, rule, budget, recent)) is not None:
-            key = policy.per_prompt or "kv_size"
-            raise ConfigError(f"policy.{key}", why, getattr(policy, key))
+            key = stuck_key(policy, heads)
+            raise ConfigError(key, why, s.block_size if heads is not None else getattr(policy, key[len("policy."):]))
         if (why := too_long(req, rule, s.max_tokens_per_step)) is not None:
             raise ConfigError("serve.max_tokens_per_step", why, s.max_tokens_per_step)
         if cfg.mode == "serve" and s.num_blocks is not None and max_blocks(req, rule, budget) > s.num_blocks:

@@ -209,6 +209,44 @@ def test_streaming_heads_slide_while_running(tiny_llama, tmp_path, schedule):
 
 
 @pytest.mark.parametrize("schedule", ["prefill_and_decode", "decode_only"])
+def test_served_streaming_heads_slide_and_free_their_pages(tiny_llama, tmp_path, schedule):
+    """Serve mode under the schedules that evict while running: the pattern fixes each (layer, KV head)'s budget
+    before any score (a retrieval head the whole request, a streaming head its window), so a streaming head frees
+    its own pages as the request grows, during a served prefill too. Tokens: the brute-force sliding rule's (pages of
+    p = evict_every pairs, chunks of p, one request at a time: the reference's blocks of p); pages: the streaming
+    heads' windows and the retrieval heads' whole requests at most while decoding (and, under prefill_and_decode, over
+    the whole run), below what compressing after prefill holds (its streaming heads grow while decoding)."""
+    from kvbench.serve.engine import serve
+    from tests.conftest import random_prompts
+    from tests.policies.test_scored import _ref_model
+    from tests.serve.test_engine import requests
+
+    cfg = tiny_llama.model.config
+    L, H = cfg.num_hidden_layers, cfg.num_key_value_heads
+    scores = np.random.default_rng(5).random((L, H)).tolist()
+    sink, recent, p, new = 3, 9, 3, 12  # sink and window whole pages of p
+    folder = pattern_folder(tmp_path, scores, sink, recent)
+    # decode_only's first eviction cuts a whole prompt in whole pages: one ending mid-page keeps that page's pairs
+    prompts = random_prompts((30, 11, 19 if schedule == "prefill_and_decode" else 18), seed=3)
+    streaming = S.duo_streaming(scores, 0.5)
+    peaks = {}
+    for sched in ("after_prefill", schedule):
+        policy = DuoAttention(patterns=folder, head_compression_ratio=0.5, schedule=sched, evict_every=p)
+        reqs = requests(prompts, new)
+        out = serve(tiny_llama.model, reqs, policy, num_blocks=400, block_size=p, max_tokens_per_step=p, max_running=1)
+        peaks[sched] = out.peak_pages, max(out.decode_pages)  # over the whole run, over decode steps
+    for b, prompt in enumerate(prompts):  # the last run's: `schedule`
+        assert reqs[b].output == sliding_reference(_ref_model("llama"), prompt, new, streaming, sink, sink + recent, p,
+                                                   schedule)[0], b
+    n_stream = sum(map(sum, streaming))
+    longest = max(map(len, prompts)) + new - 1  # a request's KV never holds its last token
+    bound = (L * H - n_stream) * -(-longest // p) + n_stream * (sink + recent) // p  # pages of one request at most
+    assert peaks[schedule][1] <= bound < peaks["after_prefill"][1]  # while decoding: the windows, not their growth
+    if schedule == "prefill_and_decode":  # the prompt never held whole: neither is the peak
+        assert peaks[schedule][0] <= bound < peaks["after_prefill"][0]
+
+
+@pytest.mark.parametrize("schedule", ["prefill_and_decode", "decode_only"])
 def test_account_follows_the_cache_while_streaming_heads_slide(tiny_llama, monkeypatch, schedule):
     """The memory account's cache at every forward is the allocation's, and its peak bounds the measured one, while
     the streaming heads evict again and again (the registry's test runs the default, after_prefill)."""

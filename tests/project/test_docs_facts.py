@@ -46,8 +46,11 @@ REFUSED = {
     "`policy=chunkkv` or `critical` with `policy.head_budget=adaptive`":
         replace(BASE, policy="critical", schedule="after_prefill", head_budget="adaptive"),
     "`policy=duo_attention` with `kv_size` or `kv_ratio`, with `head_budget` other than `pattern`, with "
-    "`rerotate=true`, in `mode=serve_limits`, or serving with `schedule` other than `after_prefill`":
+    "`rerotate=true`, or in `mode=serve_limits`":
         replace(BASE, policy="duo_attention", schedule="after_prefill"),
+    "serving `policy=duo_attention` under a schedule that evicts while running, with a streaming head's window "
+    "(sink + recent) below its start blocks + one block":
+        replace(SERVE, policy="duo_attention", schedule="prefill_and_decode", budget="compression_ratio"),
     "`policy=pyramidkv policy.rerotate=true`": replace(BASE, policy="pyramidkv", rerotate=True),
     "`policy=snapkv` / `pyramidkv` whose window does not fit `kv_size - evict_every`":
         [*TINY, "policy=snapkv", "policy.kv_size=128", "policy.window=96"],
@@ -118,7 +121,7 @@ THAT_KEY = {"`policy=full` with `kv_ratio` or `compression_ratio`": "policy.kv_r
             "`policy.head_budget=threshold` with `kv_ratio`, `compression_ratio`, `protect_recent` or `rerotate`":
                 "policy.compression_ratio",
             "`policy=duo_attention` with `kv_size` or `kv_ratio`, with `head_budget` other than `pattern`, with "
-            "`rerotate=true`, in `mode=serve_limits`, or serving with `schedule` other than `after_prefill`":
+            "`rerotate=true`, or in `mode=serve_limits`":
                 "policy.kv_size"}
 
 
