@@ -31,6 +31,8 @@ BAD = {
     "mode=serve policy=h2o policy.kv_ratio=0.01": "policy.kv_ratio",
     # each (layer, KV head) compresses on its own under after_prefill: no shared rotary positions
     f"{BM} policy.schedule=after_prefill policy.rerotate=true": "policy.rerotate",
+    # a streaming head slides by whole blocks: the tiny model's random pattern keeps 2 + 10 pairs, under one block
+    "mode=serve model=tiny-llama policy=duo_attention policy.schedule=prefill_and_decode": "serve.block_size",
 }
 
 
@@ -126,3 +128,17 @@ def test_pool_leaves_room_for_the_policys_weights(tiny_llama):
     assert per // 4 < scorer < per // 4 * 3  # so a pool that forgot it would hold one block more
     gb = (weights + scorer + 10.75 * per) / memory.GiB
     assert pool_blocks(cfg, tiny_llama, KVzap(kv_size=32, evict_every=8), memory.MemoryLimit(gb)) == 10
+
+
+def test_duo_attention_served_evicting_during_prefill_frees_pages(tmp_path, monkeypatch):
+    """From the command line: DuoAttention served under prefill_and_decode (pages of 4 pairs, so a streaming
+    head's 12-pair window is 3 pages) writes a true record whose KV is below the full cache's on the same prompts."""
+    base = ["model=tiny-llama", "task.n_samples=3", "task.context_tokens=96", "gen.max_new_tokens=6", "mode=serve",
+            "serve.block_size=4", "serve.max_tokens_per_step=32", f"results_dir={tmp_path}"]
+    monkeypatch.setattr(sys, "argv", ["kvbench"])
+    cli.main([*base, "policy=full"])
+    cli.main([*base, "policy=duo_attention", "policy.schedule=prefill_and_decode"])
+    full, duo = read_records(tmp_path)
+    assert full["status"] == duo["status"] == "ok", duo.get("traceback")
+    assert duo["schedule"] == "prefill_and_decode" and duo["policy"] == "duo_attention"
+    assert duo["peak_kv_bytes"] < full["peak_kv_bytes"] and duo["decode_kv_bytes_peak"] < full["decode_kv_bytes_peak"]
