@@ -56,6 +56,8 @@ MIB = 2**20
 # runs whose batch of 4 the account puts over LIMIT_GB run under this limit instead (KVgrad: its gradient pass,
 # 3.4 GiB accounted); their planned batches stay at LIMIT_GB
 RUN_LIMIT_GB = {"kvgrad": 4.0}
+# --long: 4 requests of 4k tokens at once; KVzip's reconstruction passes over one of them need more than 2 GiB too
+LONG_LIMIT_GB = {"kvzip": 4.0, "kvzip_plus": 4.0, **RUN_LIMIT_GB}
 
 
 def extra(name: str, data_dir: str) -> list[str]:
@@ -105,7 +107,8 @@ def run_all(names: list[str], out: str, data_dir: str, serve: bool = False, pref
         overrides = [f"experiment={EXPERIMENT}", f"policy={name}", *extra(name, data_dir), f"data.dir={data_dir}",
                      f"results_dir={out}", "skip_existing=true", *(SERVE if serve or long else []),
                      *(LONG if long else []), *([f"policy.schedule={schedule}"] if schedule else [])]
-        jobs.append(overrides + ([f"memory.limit_gb={RUN_LIMIT_GB[name]}"] if name in RUN_LIMIT_GB else []))
+        limits = LONG_LIMIT_GB if long else RUN_LIMIT_GB
+        jobs.append(overrides + ([f"memory.limit_gb={limits[name]}"] if name in limits else []))
     run_jobs(jobs, "methods_cost")
 
 
