@@ -56,7 +56,8 @@ MIB = 2**20
 # runs whose batch of 4 the account puts over LIMIT_GB run under this limit instead (KVgrad: its gradient pass,
 # 3.4 GiB accounted); their planned batches stay at LIMIT_GB
 RUN_LIMIT_GB = {"kvgrad": 4.0}
-# --long: 4 requests of 4k tokens at once; KVzip's reconstruction passes over one of them need more than 2 GiB too
+# long prompts (--long's 4k tokens, compare_sweep.py's 2k): KVzip's and KVzip+'s reconstruction passes need more
+# than 2 GiB too
 LONG_LIMIT_GB = {"kvzip": 4.0, "kvzip_plus": 4.0, **RUN_LIMIT_GB}
 
 
@@ -258,8 +259,7 @@ def render_long(records: list[dict]) -> str:
     lines = ["", "**At the leaderboard's length, in `mode=serve`** (`--long`): RULER niah_single_1 at 4096 tokens, 4 "
              "prompts served together (`serve.max_running=4`, a pool that holds them all), 16 new tokens.", "",
              f"| policy, `mode=serve` | needle found | {SERVED_HEAD}", "|" + "---|" * 5]
-    found = lambda r: f"{r['metrics']['string_match_all']:.2f}"  # noqa: E731
-    return "\n".join(lines + _served_rows(by, full, found)) + "\n"
+    return "\n".join(lines + _served_rows(by, full, lambda r: f"{r['metrics']['string_match_all']:.2f}")) + "\n"
 
 
 def render_prefill(records: list[dict], full: dict) -> str:

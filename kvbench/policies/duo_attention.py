@@ -40,12 +40,17 @@ _CALIBRATED: dict = {}  # (file, samples, q_len, model) -> HeadPattern: one cali
 
 def _fingerprint(model) -> tuple:
     w = next(model.parameters())
-    return id(model), getattr(model.config, "name_or_path", ""), float(w.detach().float().sum())
+    return id(model), model_name(model.config), float(w.detach().float().sum())
+
+
+def model_name(config) -> str:
+    """The model's name as from_pretrained sets it ("" for kvbench's tiny nameless models)."""
+    return getattr(config, "name_or_path", "") or ""
 
 
 def head_pattern(policy, config, model=None, tokenizer=None) -> HeadPattern:
     """The policy's head scores and windows for a model `config` (module docstring); a calibration needs the model."""
-    name = getattr(config, "name_or_path", "") or ""
+    name = model_name(config)
     if policy.calibration is not None:
         if model is None or tokenizer is None:
             raise RuntimeError(f"{policy.name}: calibration needs prepare(tokenizer, model) before generating "
@@ -142,7 +147,7 @@ class DuoAttention(Policy):
         return sum(self._pattern[2:]) if self._pattern is not None else sum(self._windows(None))
 
     def _resolve(self, config, model=None, tokenizer=None) -> tuple:
-        key = (id(config), getattr(config, "name_or_path", ""))
+        key = (id(config), model_name(config))
         if self._pattern is None or self._pattern[0] != key:
             p = head_pattern(self, config, model, tokenizer)
             retrieval, _, _ = duo_patterns.retrieval_heads(p, self.head_compression_ratio)
@@ -154,14 +159,14 @@ class DuoAttention(Policy):
         """(L, H) bool: the retrieval heads of the model of `config` (its pattern resolved, as `score` does).
         `fetch=False` (the preflight: no weights, nothing fetched): None unless the pattern resolves from the config
         alone (a nameless model's random scores, a local pattern folder)."""
-        name = getattr(config, "name_or_path", "") or ""
+        name = model_name(config)
         local = self.calibration is None and (Path(self.patterns).is_dir() if self.patterns else not name)
         return self._resolve(config)[1] if fetch or local else None
 
     def check_model(self, config) -> None:
         """The preflight's check, from the model's config alone (nothing fetched): a model with no published
         pattern needs policy.patterns or policy.calibration; a pattern folder must fit the model's heads."""
-        name = getattr(config, "name_or_path", "") or ""
+        name = model_name(config)
         if self.calibration is None and self.patterns is None and name and not duo_patterns.known(name):
             raise _no_pattern(name)
         if self.patterns is not None and (Path(self.patterns).is_dir() or not duo_patterns.known(self.patterns)):
