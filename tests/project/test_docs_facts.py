@@ -43,6 +43,8 @@ REFUSED = {
         replace(BASE, policy="compactor"),
     "`policy=compactor` serving a prompt longer than `serve.max_tokens_per_step`, or with `gen.prefill_chunk`":
         replace(SERVE, policy="compactor", schedule="after_prefill"),  # the matrix's prompts: up to 273 tokens
+    "`policy=chunkkv` or `critical` over `policy.inner=compactor` with `gen.prefill_chunk`, or serving a prompt "
+    "longer than `serve.max_tokens_per_step`": [*TINY, "policy=critical", "policy.inner=compactor", "gen.prefill_chunk=64"],
     "`policy=chunkkv` or `critical` with `policy.head_budget=adaptive`":
         replace(BASE, policy="critical", schedule="after_prefill", head_budget="adaptive"),
     "`policy=duo_attention` with `kv_size` or `kv_ratio`, with `head_budget` other than `pattern`, with "
