@@ -150,6 +150,28 @@ def test_serve_frees_streaming_heads_pages_and_gives_the_static_tokens(tiny_llam
     assert out.evicted_blocks > 0 and [r.output for r in reqs] == want
 
 
+@pytest.mark.parametrize("schedule", ["after_prefill", "prefill_and_decode"])
+def test_the_budgets_recorded_are_what_each_head_held(tiny_llama, tmp_path, schedule):
+    """The static run's budgets (the record's kv_budget) are, per (layer, sample), the mean over its KV heads of what
+    each head may hold, as serve mode records them: a retrieval head the whole sequence, a streaming head its window
+    (under after_prefill at most its prompt). Layer 0's heads stream, layer 1's retrieve (issue 58: the record said
+    the window alone, min = max, while the retrieval heads held every pair)."""
+    from types import SimpleNamespace
+
+    from kvbench.budgets import head_rule
+    from tests.conftest import random_prompts
+
+    policy = DuoAttention(patterns=pattern_folder(tmp_path, [[0.1, 0.2], [0.9, 0.8]], 2, 9), schedule=schedule,
+                          head_compression_ratio=0.5, evict_every=3)
+    prompts, new = random_prompts((30, 7, 19), seed=3), 5
+    out = generate(tiny_llama.model, tiny_llama.tokenizer, prompts, policy, 3, max_new_tokens=new, eos_token_ids=[])
+    window = [min(len(p), 11) if schedule == "after_prefill" else 11 for p in prompts]
+    assert (out.budget_min, out.budget_max, out.budget_per_layer) == (min(window), 30 + new, True)
+    served = head_rule(policy).head_budgets(policy, tiny_llama.model.config)  # serve mode's, per request (L, H)
+    means = [served(SimpleNamespace(prompt=p, max_new_tokens=new)).float().mean(1) for p in prompts]
+    assert (out.budget_min, out.budget_max) == (min(int(m.min()) for m in means), max(int(m.max()) for m in means))
+
+
 def sliding_reference(ref, prompt, new, streaming, sink, window, p, schedule):
     """Brute force, from the method: retrieval heads hold every pair; every streaming head is Algorithm 1 with the
     newest pairs kept (its `sink` first positions protected), budget `window`, `p` pairs at a time (decode_only: the
