@@ -86,12 +86,22 @@ def test_left_padded_batch_keeps_the_rule_row_by_row(tmp_path):
         assert kept[0][b] == [S.duo_kept(len(p), row, 3, 5) for row in mask], b
 
 
-def test_head_compression_ratio_zero_keeps_every_pair(tmp_path):
+@pytest.mark.parametrize("schedule", ["after_prefill", "prefill_and_decode", "decode_only"])
+def test_head_compression_ratio_zero_keeps_every_pair(tmp_path, schedule):
+    """No streaming head: nothing is evicted, under every schedule, query-agnostic too (the question then needs no
+    room in a streaming head's window: issue 58), and the tokens are the full cache's."""
+    from kvbench.policies import Full
+
     fx = fixture("duo_attention")
     folder = pattern_folder(tmp_path, fx["head_scores"], 2, 4)
-    _, kept = run(tiny(), [fx["ids"]], DuoAttention(patterns=folder, head_compression_ratio=0.0), 3)
-    n = len(fx["ids"])
-    assert all(head == list(range(n)) for layer in kept[0][0] for head in layer)
+    for question in (None, [6]):
+        policy = DuoAttention(patterns=folder, compression_ratio=0.0, schedule=schedule)
+        assert not policy.evicts
+        kw = dict(max_new_tokens=3, eos_token_ids=[], question_tokens=question)
+        seen = []
+        out = generate(tiny(), T.CharTokenizer(), [fx["ids"]], policy, observer=lambda e, c, seen=seen: seen.append(e), **kw)
+        assert "evict" not in seen
+        assert out.token_ids == generate(tiny(), T.CharTokenizer(), [fx["ids"]], Full(), **kw).token_ids
 
 
 def test_a_nameless_model_gets_random_scores_and_small_windows():
