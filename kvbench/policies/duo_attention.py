@@ -72,8 +72,8 @@ def head_pattern(policy, config, model=None, tokenizer=None) -> HeadPattern:
 
 
 def _no_pattern(name: str) -> ConfigError:
-    return ConfigError(duo_patterns.KEY, "no published DuoAttention pattern for this model: give policy.patterns "
-                       "(a folder) or policy.calibration (a file of texts)", name)
+    return ConfigError(duo_patterns.KEY, f"no published DuoAttention pattern for model {name}: give policy.patterns "
+                       "(a folder) or policy.calibration (a file of texts)")
 
 
 @dataclass

@@ -299,16 +299,18 @@ def test_preflight_refuses_a_model_without_a_pattern_from_its_config(tmp_path):
     config.name_or_path = "Qwen/Qwen3-8B"
     with pytest.raises(ConfigError) as e:
         check_policy(config, DuoAttention(), 64)
-    assert e.value.key == "policy.head_patterns" and "Qwen/Qwen3-8B" in str(e.value)
+    assert e.value.key == "policy.patterns" and "Qwen/Qwen3-8B" in str(e.value)  # a key that exists (issue 58)
+    assert str(e.value).startswith("policy.patterns: ")  # not set: no value to show
     check_policy(config, DuoAttention(calibration=str(tmp_path / "texts.json")), 64)  # read when the model is loaded
     L, H = T.CONFIG["num_hidden_layers"], T.CONFIG["num_key_value_heads"]
     check_policy(config, DuoAttention(patterns=pattern_folder(tmp_path, np.ones((L, H)), 2, 8)), 64)
     wrong = tmp_path / "wrong"
     wrong.mkdir()
-    with pytest.raises(ConfigError, match="pattern shape"):
-        check_policy(config, DuoAttention(patterns=pattern_folder(wrong, np.ones((L + 1, H)), 2, 8)), 64)
-    with pytest.raises(ConfigError, match="no published pattern"):
-        check_policy(config, DuoAttention(patterns="Qwen/Qwen3-8B"), 64)
+    for patterns, match in ((pattern_folder(wrong, np.ones((L + 1, H)), 2, 8), "pattern shape"),
+                            ("Qwen/Qwen3-8B", "no published pattern")):
+        with pytest.raises(ConfigError, match=match) as e:
+            check_policy(config, DuoAttention(patterns=patterns), 64)
+        assert e.value.key == "policy.patterns"
     for name in ("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Meta-Llama-3.1-8B-Instruct"):
         config.name_or_path = name
         check_policy(config, DuoAttention(), 64)
