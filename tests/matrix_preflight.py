@@ -46,9 +46,10 @@ from tests.matrix import Combo, argv, named, product, refusal
 
 RECORD = Path(__file__).parent / "data" / "matrix_product.json"
 SAMPLE = 3000  # the default suite's seeded sample of the product
-# the keys the serve presets set (kvbench.config.presets): `prepare` applies them to the config in place
-PRESET_KEYS = tuple(f"{group}.{key}" for preset in SERVE_PRESETS.values() for group, keys in preset.items()
-                    for key in keys)
+# the keys the presets set (kvbench.config.presets: the serve presets', gen.kv_quant_group's default): `prepare`
+# applies them to the config in place
+PRESET_KEYS = (*(f"{group}.{key}" for preset in SERVE_PRESETS.values() for group, keys in preset.items()
+                 for key in keys), "gen.kv_quant_group")
 
 
 class Preflight:

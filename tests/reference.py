@@ -323,13 +323,14 @@ def critical_scores(ref, layer: int, heads: list[list[Pair]], spec: Spec, last: 
 
 
 def chunk_keep(n: int, spec: Spec) -> int:
-    """ChunkKV's kept pairs for a prompt of n: max(1, kv_size // chunk) whole chunks, the newest (maybe partial)
-    among them; shorter than a chunk: kv_size."""
+    """ChunkKV's kept pairs for a prompt of n: the newest (maybe partial) chunk and the most whole chunks beside it
+    that kv_size holds (all of them at kv_size >= n); shorter than a chunk: kv_size."""
     c = spec.chunk
     if n < c:
         return spec.kv_size
     chunks = -(-n // c)
-    return min(n, (max(1, spec.kv_size // c) - 1) * c + n - (chunks - 1) * c)
+    newest = n - (chunks - 1) * c
+    return min(n, (max(0, spec.kv_size - newest) // c) * c + newest)
 
 
 def layer_scores(ref, layer: int, heads: list[list[Pair]], spec: Spec, last: int, history) -> list[list[float]]:

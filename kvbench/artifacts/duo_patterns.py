@@ -22,7 +22,7 @@ import torch
 
 from kvbench.errors import ConfigError
 
-KEY = "policy.head_patterns"
+KEY = "policy.patterns"  # the config key a pattern comes from (conf/policy/duo_attention.yaml)
 BASE = "https://raw.githubusercontent.com/mit-han-lab/duo-attention/refs/heads/main/attn_patterns"
 _SUFFIX_32K = "lr%3D0.02-reg%3D0.05-ctx%3D1000_32000-multi_passkey10"
 PATTERNS = {  # kvpress's PATTERNS_DICT, verbatim (the doubled "//" of the gradientai names included)

@@ -53,11 +53,16 @@ def policy_key_use(cfg: DictConfig, key: str) -> str:
 
 def drop_inapplicable(cfg: DictConfig) -> list[str]:
     """Reset, in place, every policy key the run's policy does not use (`policy_key_use` "ignored") to the
-    policy's own default (a key it has not got is removed); returns them, as `policy.<key>`, sorted.
+    policy's own default (a key it has not got is removed), and the quantized cache's knobs set in a run that
+    quantizes nothing (kvbench.quant.qconfig.unused_knobs) to theirs; returns them, `policy.<key>` sorted, then
+    `gen.<key>`.
 
     A sweep over several policies applies its policy keys to each policy that uses them only: full's run then
     has full's own config, so its identity is that of `policy=full` (one run for any kv_size of the sweep).
     """
+    from kvbench.config.schema import GenConfig
+    from kvbench.quant.qconfig import unused_knobs
+
     ignored = sorted(k for k in cfg.policy if k != "_target_" and policy_key_use(cfg, k) == "ignored")
     if ignored:
         own = policy_defaults()[cfg.policy._target_]
@@ -67,4 +72,8 @@ def drop_inapplicable(cfg: DictConfig) -> list[str]:
                     cfg.policy[k] = own[k]
                 else:
                     del cfg.policy[k]
-    return [f"policy.{k}" for k in ignored]
+    unused = unused_knobs(cfg.gen)  # the quantized cache's knobs in a job whose cache is not quantized
+    for key in unused:
+        name = key.split(".")[1]
+        cfg.gen[name] = getattr(GenConfig, name)  # its default
+    return [f"policy.{k}" for k in ignored] + unused

@@ -113,6 +113,7 @@ def check_question_room(cfg: DictConfig, lengths: list[int]) -> None:
     policy = build_policy(cfg)
     if config is None or not any(questions) or not policy.evicts:
         return
+    policy.check_model(config)  # what the model's config tells the policy (DuoAttention: its pattern's windows)
     import torch
 
     from kvbench.budgets import knobs, question

@@ -6,6 +6,10 @@ here, so every consumer (the engine, the memory account, the planner, the search
 the record) reads an integer, and a record's config and `max_new_tokens` state the length generated. A value
 given explicitly is kept (a RULER task records it as a departure when it is not RULER's).
 
+`gen.kv_quant_group=null` (the default) is the quantized cache's group: in mode=serve with a quantized pool the page,
+`serve.block_size` (a page is its keys' group, so the two must be equal: the default pairs them), else 32 (KIVI's;
+what records written before the default was derived hold). A value given explicitly is kept (and checked).
+
 `serve.eviction=<preset>` (the serve modes): OpenVINO GenAI's cache eviction defaults, a
 start area of 32 tokens, an evictable area of 512 and a recent area of 128, NORM_SUM of accumulated attention,
 eviction once the prompt is processed. It needs policy=h2o (accumulated attention) with the keys it sets at
@@ -73,17 +77,30 @@ def task_new_tokens(cfg: DictConfig) -> int:
     return own if isinstance(own, int) and own > 0 else DEFAULT_NEW_TOKENS
 
 
+def quant_group(cfg: DictConfig) -> int:
+    """gen.kv_quant_group=null resolved: serve.block_size for a quantized pool (mode=serve), else 32."""
+    from kvbench.quant.qconfig import DEFAULT_GROUP
+
+    quantized = cfg.gen.get("kv_cache_dtype", "auto") != "auto"
+    return cfg.serve.block_size if quantized and cfg.mode == "serve" else DEFAULT_GROUP
+
+
 def _pending(cfg: DictConfig) -> bool:
-    """Whether a preset would change cfg (gen.max_new_tokens to resolve, or a serve.eviction preset to apply)."""
+    """Whether a preset would change cfg (gen.max_new_tokens or gen.kv_quant_group to resolve, or a serve.eviction
+    preset to apply)."""
     name = cfg.serve.eviction
-    return cfg.gen.max_new_tokens is None or (name in SERVE_PRESETS and preset_refusal(cfg) is None)
+    return (cfg.gen.max_new_tokens is None or ("kv_quant_group" in cfg.gen and cfg.gen.kv_quant_group is None)
+            or (name in SERVE_PRESETS and preset_refusal(cfg) is None))
 
 
 def apply_presets(cfg: DictConfig) -> None:
-    """Set, in place, gen.max_new_tokens when null (`task_new_tokens`), and the keys `serve.eviction`'s preset
-    names, when it applies (`preset_refusal` is None); otherwise leave cfg unchanged. Idempotent."""
+    """Set, in place, gen.max_new_tokens and gen.kv_quant_group when null (`task_new_tokens`, `quant_group`), and the
+    keys `serve.eviction`'s preset names, when it applies (`preset_refusal` is None); otherwise leave cfg unchanged.
+    Idempotent."""
     if cfg.gen.max_new_tokens is None:
         cfg.gen.max_new_tokens = task_new_tokens(cfg)
+    if "kv_quant_group" in cfg.gen and cfg.gen.kv_quant_group is None:
+        cfg.gen.kv_quant_group = quant_group(cfg)
     name = cfg.serve.eviction
     if name not in SERVE_PRESETS or preset_refusal(cfg) is not None:
         return

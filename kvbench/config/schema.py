@@ -30,7 +30,8 @@ class GenConfig:
     attention: str = "auto"  # auto | sdpa | flash | eager (the paper's: transformers' eager path) | fused (kvbench.attention)
     warmup: bool | None = None  # run one untimed batch first; null: on CUDA only (its lazy setup is not timed)
     kv_cache_dtype: str = "auto"  # auto (the model's dtype) | int8 | int4: K/V stored quantized (KIVI, kvbench.quant)
-    kv_quant_group: int = 32  # G: numbers per scale and zero point (keys: G tokens of a channel; values: G channels)
+    # G: numbers per scale and zero point (keys: G tokens of a channel; values: G channels); null: serve.block_size
+    kv_quant_group: int | None = None  # for a quantized pool in mode=serve (a page is its key group), else 32 (presets)
     kv_quant_residual: int = 32  # R: the newest pairs always held in full precision (the window holds R to R + G - 1)
 
 

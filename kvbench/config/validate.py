@@ -138,12 +138,16 @@ def check_whole_prompt(cfg: DictConfig) -> None:
 
 def check_kv_cache(cfg: DictConfig) -> None:
     """gen.kv_cache_dtype and its knobs (kvbench.quant.qconfig: flash and re-rotation refused with a quantized
-    cache); in mode=serve the paged pool's page is the key group (kvbench.serve.qpool: G = serve.block_size) and its
-    full-precision windows are sized by serve.max_running; serve_limits counts pages only (not quantized)."""
-    from kvbench.quant.qconfig import kv_quant
+    cache, the knobs set without one); in mode=serve the paged pool's page is the key group (kvbench.serve.qpool:
+    G = serve.block_size, gen.kv_quant_group's default there: kvbench.config.presets) and its full-precision
+    windows are sized by serve.max_running; serve_limits counts pages only (not quantized)."""
+    from kvbench.quant.qconfig import kv_quant, unused_knobs
 
     policy = build_policy(cfg)
     q = kv_quant(cfg.gen, rerotate=policy.rerotate and policy.evicts)
+    for key in unused_knobs(cfg.gen):  # ignored, yet recorded (and its run reported apart): a mistake, said so
+        raise ConfigError(key, "has no effect without a quantized cache: set gen.kv_cache_dtype=int8 or int4 with it, "
+                          "or leave it at its default", cfg.gen[key.split(".")[1]])
     if q is None or cfg.mode not in SERVE_MODES:
         return
     if cfg.mode != "serve":
@@ -151,7 +155,7 @@ def check_kv_cache(cfg: DictConfig) -> None:
                           "runs with mode=run or mode=serve", cfg.gen.kv_cache_dtype)
     if q.group != cfg.serve.block_size:
         raise ConfigError("gen.kv_quant_group", f"serve's quantized pool quantizes a page's keys as one group: it must "
-                          f"equal serve.block_size ({cfg.serve.block_size})", q.group)
+                          f"equal serve.block_size ({cfg.serve.block_size}); left unset, it is", q.group)
     if cfg.serve.max_running is None:
         raise ConfigError("serve.max_running", "a quantized pool holds each running request's full-precision window "
                           "in pages sized by the most requests running at once: set it", None)

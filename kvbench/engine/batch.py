@@ -3,11 +3,13 @@ evicting cache sized for them and the plan of its forwards (kvbench.batch_plan).
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from kvbench.attention.interface import attention_modules
 from kvbench.batch_plan import BatchPlan, Room, prefill_chunks_of
-from kvbench.budgets import Budgets
+from kvbench.budgets import Budgets, head_rule
 from kvbench.cache import KVCache, layer_capacities
 from kvbench.cache.sink import Observing
 from kvbench.errors import ConfigError
@@ -21,6 +23,20 @@ def observer_kwargs(model, policy: Policy) -> dict:
     if not policy.needs.observes:
         return {}
     return {"observer": Observing(policy, attention_modules(model), getattr(model.get_decoder(), "rotary_emb", None))}
+
+
+def head_means(policy: Policy, config, lengths: list[int], question: torch.Tensor, new: int) -> torch.Tensor | None:
+    """(L, B) float: per (layer, sample) the mean over its KV heads of what each head may hold, where the head rule
+    fixes each head's budget from the model (DuoAttention's pattern: a retrieval head the whole sequence, a streaming
+    head its window), as serve mode records a request's; None where every head holds the layer's budget (or the
+    counts come from scores). What the record's kv_budget reports (kvbench.engine.output)."""
+    rule = head_rule(policy)
+    budget = rule.head_budgets(policy, config) if rule.fixed and policy.evicts else None
+    if budget is None:
+        return None
+    rows = [budget(SimpleNamespace(prompt=range(n), max_new_tokens=new + q)).float().mean(1)  # (L,) each
+            for n, q in zip(lengths, question.tolist(), strict=True)]
+    return torch.stack(rows, dim=1)
 
 
 class Batch:
@@ -51,6 +67,8 @@ class Batch:
         self.room = Budgets.of(policy, self.lengths, len(windows), heads, compressed)  # (L, B, H) or None: full cache
         self.budgets = None if self.room is None else self.room.layer  # (L, B)
         self.full_budgets = None if self.budgets is None or not any(full) else self.budgets[full]  # (L_full, B)
+        held = head_means(policy, model.config, self.lengths, self.question, new)  # (L, B) or None
+        self.held_budgets = self.full_budgets if held is None or self.full_budgets is None else held[full]
         # (a context of 0 tokens: kvbench.continuation's one-token contexts, all in the question's forward)
         linear = geometry.get("linear") or []  # a hybrid's linear layers: one grid (kvbench.grid)
         self.chunks = prefill_chunks_of(self.lengths, policy, prefill_chunk, self.full_budgets, bool(linear))

@@ -158,5 +158,5 @@ def run_batch(batch: Batch, policy: Policy, forward: Forward, max_new_tokens, eo
         generated_tokens=generated,
         peak_kv_bytes=cache.peak_kv_bytes, kv_allocated_bytes=allocated, decode_kv_bytes=held,
         kept_pairs=heads.kept_pairs(cache.groups, cache.seen),  # (held, brought) at the end: the share really kept
-        budgets=batch.full_budgets,  # (L_full, B) the budgets the compressed layers held, None for the full cache
+        budgets=batch.held_budgets,  # (L_full, B) what the compressed layers' heads held, None for the full cache
     )

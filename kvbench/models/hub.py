@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -116,6 +117,20 @@ def max_memory_of(max_memory: dict | None) -> dict | None:
     return {(int(k) if str(k).isdigit() else k): v for k, v in dict(max_memory).items()}
 
 
+@contextmanager
+def quiet_transformers():
+    """transformers' warnings unprinted while a config is built: notes to a model's authors (Phi-4-mini's longrope
+    fields), printed before a preflight's one-line refusal or a plan's table they would say nothing to the user."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
 def hub_config(pretrained: str, revision: str | None = None, trust_remote_code: bool = False):
     """The model's config: the shipped copy for the models in SHIPPED_CONFIGS (offline), else the Hub's."""
     from transformers import AutoConfig
@@ -123,12 +138,14 @@ def hub_config(pretrained: str, revision: str | None = None, trust_remote_code: 
     if pretrained in SHIPPED_CONFIGS and revision is None:
         values = json.loads((CONFIG_DIR / SHIPPED_CONFIGS[pretrained]).read_text())
         values = {k: v for k, v in values.items() if not k.startswith("_")}
-        config = AutoConfig.for_model(values.pop("model_type"), **values)
+        with quiet_transformers():
+            config = AutoConfig.for_model(values.pop("model_type"), **values)
         config.name_or_path = pretrained  # as from_pretrained names it (e.g. DuoAttention's pattern is looked up by it)
         return config
     check({"pretrained": pretrained, "revision": revision})  # not cached and no Hub: one line, no retries
     try:
-        return AutoConfig.from_pretrained(pretrained, revision=revision, trust_remote_code=trust_remote_code)
+        with quiet_transformers():
+            return AutoConfig.from_pretrained(pretrained, revision=revision, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:  # no such repository, no config.json, a gated model...
         first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
         raise ConfigError("model.pretrained", f"its config cannot be read: {first}", pretrained) from None

@@ -42,6 +42,8 @@ def byte_tokenizer():
 
 
 def tiny_config(arch: str, vocab_size: int = 288, layers: int = 2):
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+        raise ConfigError("model.layers", "must be an integer >= 1 (the tiny model's decoder layers)", layers)
     common = dict(
         vocab_size=vocab_size,
         hidden_size=64,

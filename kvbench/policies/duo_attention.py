@@ -72,8 +72,8 @@ def head_pattern(policy, config, model=None, tokenizer=None) -> HeadPattern:
 
 
 def _no_pattern(name: str) -> ConfigError:
-    return ConfigError(duo_patterns.KEY, "no published DuoAttention pattern for this model: give policy.patterns "
-                       "(a folder) or policy.calibration (a file of texts)", name)
+    return ConfigError(duo_patterns.KEY, f"no published DuoAttention pattern for model {name}: give policy.patterns "
+                       "(a folder) or policy.calibration (a file of texts)")
 
 
 @dataclass
@@ -127,13 +127,13 @@ class DuoAttention(Policy):
 
     def _check_window(self, sink: int, recent: int) -> None:
         """While running, a streaming head evicts evict_every pairs at once and keeps its sinks: both must fit."""
-        if not self.once and sink + recent - self.evict_every <= sink:
+        if self.evicts and not self.once and sink + recent - self.evict_every <= sink:
             raise ConfigError("policy.evict_every", f"must be below recent_size={recent} (a streaming head keeps "
                               f"sink + recent - evict_every pairs after an eviction)", self.evict_every)
 
     @property
     def evicts(self) -> bool:
-        return True
+        return self.head_compression_ratio > 0  # no streaming head: every head keeps every pair, the full cache
 
     def _windows(self, pattern: HeadPattern | None) -> tuple[int, int]:
         sink = pattern.sink_size if pattern is not None else duo_patterns.ON_THE_FLY_WINDOWS[0]
@@ -165,12 +165,15 @@ class DuoAttention(Policy):
 
     def check_model(self, config) -> None:
         """The preflight's check, from the model's config alone (nothing fetched): a model with no published
-        pattern needs policy.patterns or policy.calibration; a pattern folder must fit the model's heads."""
+        pattern needs policy.patterns or policy.calibration; a pattern folder must fit the model's heads. A pattern
+        known without the Hub or the weights (a folder, a nameless model's random scores) is resolved here, so the
+        preflight's budgets have its windows (task.query_aware=false: the question must fit a streaming head's)."""
         name = model_name(config)
         if self.calibration is None and self.patterns is None and name and not duo_patterns.known(name):
             raise _no_pattern(name)
         if self.patterns is not None and (Path(self.patterns).is_dir() or not duo_patterns.known(self.patterns)):
             duo_patterns.check_shape(duo_patterns.published_pattern(self.patterns), config)
+        self.retrieval_heads(config, fetch=False)  # resolved where it is local: `window` is then the pattern's
 
     def prepare(self, tokenizer, model=None) -> None:
         """The head pattern for this run's model (a calibration runs here, once per model and process)."""
@@ -192,6 +195,9 @@ class DuoAttention(Policy):
         if self.compression_ratio is not None:
             ext.append(f"compression_ratio={self.compression_ratio:g} is read as head_compression_ratio (the share of "
                        "streaming heads, as kvpress's leaderboard sets DuoAttention's ratio)")
+        if not self.evicts:  # no streaming head: nothing evicted, no pattern read
+            d["extensions"] = ext
+            return d
         slide = ("and grow while decoding (kvpress's protocol; the paper keeps them at sink + recent)" if self.once
                  else "as tokens arrive, retrieval heads never evict (DuoAttention's own rule; kvpress: once, after "
                  "prefill)")

@@ -22,6 +22,8 @@ from typing import ClassVar
 
 import torch
 
+from kvbench.budgets import is_int
+from kvbench.errors import ConfigError
 from kvbench.models import prerope
 from kvbench.policies.policy import AFTER_PREFILL, Needs, Policy, ScoreContext
 
@@ -46,6 +48,14 @@ class ExpectedAttention(Policy):
     published_schedule: ClassVar[str] = AFTER_PREFILL
     gqa_note: ClassVar[str] = "the expected attention of a KV group's query heads is averaged (as kvpress)"
     needs: ClassVar[Needs] = Needs(keys=True, values=True, hidden=True, module=True, row_state=STATE)
+
+    def validate(self) -> None:
+        if not is_int(self.n_future_positions) or self.n_future_positions < 1:
+            raise ConfigError("policy.n_future_positions", "must be an integer >= 1 (the future positions the "
+                              "expected query is averaged over)", self.n_future_positions)
+        if not is_int(self.n_sink) or self.n_sink < 0:
+            raise ConfigError("policy.n_sink", "must be an integer >= 0", self.n_sink)
+        super().validate()
 
     def describe(self, gqa: bool = False, paged: bool = False) -> dict:
         d = super().describe(gqa, paged)

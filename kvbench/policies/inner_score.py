@@ -1,7 +1,8 @@
 """A wrapper policy (ChunkKV, CriticalKV) over an inner one: a registered policy whose score the wrapper reads.
 
 `Wrapper` is their common base: the knobs (`inner`, `inner_args`, once after prefill), the refusals (other
-schedules, adaptive head budgets), and what the wrapper hands to the inner policy (`Wraps`). `build_inner` checks
+schedules, adaptive head budgets, and the inner policy's own: its `whole_prompt` rule, e.g. Compactor's, and its
+`check_model`), and what the wrapper hands to the inner policy (`Wraps`). `build_inner` checks
 `policy.inner` / `policy.inner_args` and makes the inner policy (schedule after_prefill, its own knobs at their
 defaults unless given); `raised_score` is its score with the pairs it protects (SnapKV's observation window,
 sinks) raised to the layer's largest score + 1, as kvpress's SnapKVPress gives its window (and its
@@ -106,7 +107,14 @@ class Wrapper(Wraps, Policy):
 
     def validate(self) -> None:
         self._inner = build_inner(self, self.not_inner, self.label)
+        why = self._inner.whole_prompt  # the inner's declarations bind the wrapper: its score is the inner's
+        if why is not None and type(self).whole_prompt is None:
+            self.whole_prompt = f"{why} (policy.inner={self.inner})"  # this instance's: gen.prefill_chunk, serve
         super().validate()
+
+    def check_model(self, config) -> None:
+        """The inner policy's check of the model (the preflight's, from its config alone)."""
+        self._inner.check_model(config)
 
     def inner_score_bytes(self, **shape: int) -> int:
         """The inner score's transient (`score_bytes`'s keywords)."""

@@ -19,6 +19,7 @@ from typing import ClassVar
 import torch
 
 from kvbench.artifacts import kvzip_template
+from kvbench.budgets import is_int
 from kvbench.errors import ConfigError
 from kvbench.policies.policy import AFTER_PREFILL, Needs, Policy, ScoreContext
 
@@ -47,6 +48,8 @@ class KVzip(Policy):
                               "layerwise", self.head_budget)
         if self.chunk_size <= 0:
             raise ConfigError("policy.chunk_size", "must be positive", self.chunk_size)
+        if not is_int(self.n_sink) or self.n_sink < 0:
+            raise ConfigError("policy.n_sink", "must be an integer >= 0", self.n_sink)
         super().validate()
 
     def prepare(self, tokenizer, model=None) -> None:

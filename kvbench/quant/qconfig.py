@@ -3,7 +3,8 @@ calls `check_kv_cache`; kvbench.config is not changed here).
 
     gen.kv_cache_dtype       auto (the model's dtype, no quantization) | int8 | int4 (vLLM's name for the knob)
     gen.kv_quant_group       G: numbers per scale and zero point (keys: G tokens of one channel; values: G
-                             channels of one token); it must divide the model's head_dim
+                             channels of one token); it must divide the model's head_dim; unset (null): 32, or in
+                             mode=serve serve.block_size (kvbench.config.presets: a page is its key group)
     gen.kv_quant_residual    R: the newest pairs always held in full precision (the window holds R to R + G - 1
                              once a row holds R; KIVI's window holds 0 to its R, so KIVI's R = G is kvbench's 0)
 
@@ -68,6 +69,17 @@ def check_kv_cache(kv_cache_dtype: str = "auto", group=DEFAULT_GROUP, residual=D
 
 def kv_quant(gen, *, rerotate: bool = False, head_dim: int | None = None) -> KVQuant | None:
     """`check_kv_cache` on a run's `gen` config node (keys absent, as in records older than the knob: defaults)."""
-    return check_kv_cache(gen.get("kv_cache_dtype", "auto"), gen.get("kv_quant_group", DEFAULT_GROUP),
+    group = gen.get("kv_quant_group")  # null (not resolved by kvbench.config.presets): the default
+    return check_kv_cache(gen.get("kv_cache_dtype", "auto"), DEFAULT_GROUP if group is None else group,
                           gen.get("kv_quant_residual", DEFAULT_RESIDUAL), attention=gen.get("attention", "auto"),
                           rerotate=rerotate, head_dim=head_dim)
+
+
+def unused_knobs(gen) -> list[str]:
+    """The quantized cache's knobs set away from their defaults while `gen.kv_cache_dtype` is auto: nothing is
+    quantized, so they play no part (a single run refuses them, a sweep resets them and names them ignored, as
+    it does a policy's unused keys: kvbench.config)."""
+    if gen.get("kv_cache_dtype", "auto") != "auto":
+        return []
+    return [f"gen.{k}" for k, d in (("kv_quant_group", DEFAULT_GROUP), ("kv_quant_residual", DEFAULT_RESIDUAL))
+            if gen.get(k) not in (None, d)]

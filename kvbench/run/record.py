@@ -107,7 +107,7 @@ def new_record(cfg: DictConfig, policy, task) -> dict:
         "state_bytes_per_sequence": None,  # a hybrid's linear-attention state per sequence (conv + recurrent)
         "compressed_layers": None,  # the decoder layers the policy compressed (windowed layers keep their window)
         "extensions": [],
-        "ignored_keys": [],  # policy keys this run's policy does not use, reset to its defaults (kvbench.config)
+        "ignored_keys": [],  # policy keys its policy does not use, gen.kv_quant_* unquantized: reset (kvbench.config)
         "notes": [],
         "logger": None,
         "prompts": None,

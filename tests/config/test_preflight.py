@@ -31,7 +31,10 @@ def no_model_loading(monkeypatch):
     ["model=tiny-llama", "task.context_length=700", "policy=extreme_decode"],  # a 166-token question, 2 pairs
     ["model=tiny-llama", "model.arch=gpt-oss", "task.context_length=700", "policy=h2o", "policy.kv_size=96"],
     ["model=tiny-llama", "model.arch=gemma2", "task.context_length=700", "policy=h2o", "policy.kv_size=96"],
-], ids=["extreme_decode", "h2o-gpt-oss", "h2o-gemma2"])
+    # DuoAttention's streaming heads while running: the nameless tiny model's pattern keeps 2 + 10 pairs (issue 58)
+    ["model=tiny-llama", "task.context_length=700", "policy=duo_attention", "policy.schedule=prefill_and_decode"],
+    ["model=tiny-llama", "task.context_length=700", "policy=duo_attention", "policy.schedule=decode_only"],
+], ids=["extreme_decode", "h2o-gpt-oss", "h2o-gemma2", "duo-prefill_and_decode", "duo-decode_only"])
 def test_a_question_the_budget_cannot_hold_is_refused_before_the_model(args, tmp_path, capsys, no_model_loading):
     err = assert_one_line_exit_2(cli.main, [*AGNOSTIC, *args, f"results_dir={tmp_path}"], capsys, "task.query_aware")
     assert "a question of" in err and "leaves no room" in err

@@ -27,7 +27,7 @@ def test_a_preset_that_applies_sets_its_keys():
 def test_a_preset_that_cannot_apply_leaves_the_config_for_the_checks():
     for overrides in (("policy=h2o", "serve.eviction=openvino"),  # not a serve mode
                       ("mode=serve", "policy=h2o", "serve.eviction=openvino", "policy.protect_recent=7")):
-        cfg = _cfg(*overrides, "gen.max_new_tokens=32")  # given: no length to resolve
+        cfg = _cfg(*overrides, "gen.max_new_tokens=32", "gen.kv_quant_group=32")  # given: nothing to resolve
         before = OmegaConf.to_container(cfg)
         apply_presets(cfg)
         assert OmegaConf.to_container(cfg) == before and with_presets(cfg) is cfg
@@ -35,7 +35,7 @@ def test_a_preset_that_cannot_apply_leaves_the_config_for_the_checks():
 
 
 def test_no_preset_no_change():
-    cfg = _cfg("mode=serve", "policy=h2o", "gen.max_new_tokens=32")
+    cfg = _cfg("mode=serve", "policy=h2o", "gen.max_new_tokens=32", "gen.kv_quant_group=32")
     assert preset_refusal(cfg) is None and with_presets(cfg) is cfg
 
 

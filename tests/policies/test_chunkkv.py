@@ -34,6 +34,37 @@ def test_budget_is_kvpress_count_of_whole_chunks():
             assert got == want, (n, r)
 
 
+def test_budget_at_or_above_the_prompt_evicts_nothing(tiny_llama):
+    """A budget of the whole prompt (kv_ratio=1.0) or more (kv_size = prompt + 1) keeps every chunk, the newest
+    (partial) one at its own length: the full cache's tokens (issue 58: it counted the partial chunk as whole)."""
+    from kvbench.engine import generate
+    from kvbench.policies import Full
+
+    for prompts, policy in (([PROMPTS[0], PROMPTS[2]], ChunkKV(kv_ratio=1.0)),  # 70 and 45 pairs: chunks of 20,
+                            ([PROMPTS[0], PROMPTS[2]], ChunkKV(kv_size=71)),  # the newest of 10 and 5
+                            ([PROMPTS[2]], ChunkKV(kv_size=46))):
+        n = [len(p) for p in prompts]
+        assert budgets.layer_budgets(policy, n, 1)[0].tolist() == [max(k, policy.kv_size or 0) for k in n]
+        args = (tiny_llama.model, tiny_llama.tokenizer, prompts)
+        full = generate(*args, Full(), len(prompts), max_new_tokens=6, eos_token_ids=[])
+        out = generate(*args, policy, len(prompts), max_new_tokens=6, eos_token_ids=[])
+        assert out.token_ids == full.token_ids, policy
+
+
+def test_kv_size_keeps_the_most_whole_chunks_its_pairs_hold():
+    """At kv_size or kv_ratio the kept chunks are the most whose pairs fit the budget, the newest (partial) chunk
+    at its own length, and at least the newest: (k - 1) c + newest <= budget."""
+    for n in (20, 37, 45, 60, 61, 199):
+        newest = n - (-(-n // 20) - 1) * 20
+        for k in range(1, n + 3):
+            got = int(budgets.layer_budgets(ChunkKV(kv_size=k), [n], 1)[0, 0])
+            if k >= n:
+                assert got == k, (n, k)
+                continue
+            fits = [(j - 1) * 20 + newest for j in range(1, -(-n // 20) + 1) if (j - 1) * 20 + newest <= k]
+            assert got == max(fits, default=newest), (n, k)
+
+
 @pytest.mark.parametrize("keys", [{"schedule": "decode_only"}, {"schedule": "prefill_and_decode"},
                                   {"head_budget": "adaptive"}, {"inner": "full"}, {"inner": "pyramidkv"},
                                   {"inner": "nope"}, {"inner_args": {"nope": 1}}, {"chunk_length": 0}])

@@ -93,3 +93,29 @@ def test_bfloat16_keeps_what_the_same_weights_keep_in_float64(inner):
         kept[name] = seen[0]
     jaccard = [len(a & b) / len(a | b) for a, b in zip(kept["bf16"], kept["f64"], strict=True)]
     assert sum(jaccard) / len(jaccard) > 0.9 and min(jaccard) > 0.6, (sum(jaccard) / len(jaccard), min(jaccard))
+
+
+@pytest.mark.parametrize("wrapper", ["critical", "chunkkv"])
+def test_a_wrapper_inherits_its_inner_policys_refusals(wrapper, monkeypatch):
+    """Over Compactor (scored in the prompt's one forward), CriticalKV and ChunkKV are refused gen.prefill_chunk as
+    Compactor is, and serve mode feeds their prompts whole (else a prompt split over steps gets other tokens than the
+    static engine's); the inner policy's check of the model runs too (issue 58)."""
+    from kvbench.config import prepare
+    from kvbench.policies import ChunkKV, Compactor
+    from kvbench.serve.block_evict import BlockRule
+    from tests.memory.test_account import _compose
+
+    cfg = _compose("model=tiny-llama", f"policy={wrapper}", "policy.inner=compactor", "gen.prefill_chunk=64")
+    with pytest.raises(ConfigError) as refused:
+        prepare(cfg)
+    assert refused.value.key == "gen.prefill_chunk" and "policy.inner=compactor" in str(refused.value)
+    cls = Critical if wrapper == "critical" else ChunkKV
+    assert BlockRule.of(cls(inner="compactor"), 4).whole_prompt
+    assert not BlockRule.of(cls(), 4).whole_prompt and cls.whole_prompt is None  # over SnapKV: chunks are fine
+
+    def refuse(self, config):
+        raise ConfigError("policy.inner", "not on this model")
+
+    monkeypatch.setattr(Compactor, "check_model", refuse)
+    with pytest.raises(ConfigError, match="not on this model"):
+        cls(inner="compactor").check_model(None)

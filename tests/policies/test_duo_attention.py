@@ -86,12 +86,22 @@ def test_left_padded_batch_keeps_the_rule_row_by_row(tmp_path):
         assert kept[0][b] == [S.duo_kept(len(p), row, 3, 5) for row in mask], b
 
 
-def test_head_compression_ratio_zero_keeps_every_pair(tmp_path):
+@pytest.mark.parametrize("schedule", ["after_prefill", "prefill_and_decode", "decode_only"])
+def test_head_compression_ratio_zero_keeps_every_pair(tmp_path, schedule):
+    """No streaming head: nothing is evicted, under every schedule, query-agnostic too (the question then needs no
+    room in a streaming head's window: issue 58), and the tokens are the full cache's."""
+    from kvbench.policies import Full
+
     fx = fixture("duo_attention")
     folder = pattern_folder(tmp_path, fx["head_scores"], 2, 4)
-    _, kept = run(tiny(), [fx["ids"]], DuoAttention(patterns=folder, head_compression_ratio=0.0), 3)
-    n = len(fx["ids"])
-    assert all(head == list(range(n)) for layer in kept[0][0] for head in layer)
+    for question in (None, [6]):
+        policy = DuoAttention(patterns=folder, compression_ratio=0.0, schedule=schedule)
+        assert not policy.evicts
+        kw = dict(max_new_tokens=3, eos_token_ids=[], question_tokens=question)
+        seen = []
+        out = generate(tiny(), T.CharTokenizer(), [fx["ids"]], policy, observer=lambda e, c, seen=seen: seen.append(e), **kw)
+        assert "evict" not in seen
+        assert out.token_ids == generate(tiny(), T.CharTokenizer(), [fx["ids"]], Full(), **kw).token_ids
 
 
 def test_a_nameless_model_gets_random_scores_and_small_windows():
@@ -148,6 +158,28 @@ def test_serve_frees_streaming_heads_pages_and_gives_the_static_tokens(tiny_llam
     reqs = requests(prompts, 8)
     out = serve(tiny_llama.model, reqs, policy, num_blocks=400, block_size=1, max_tokens_per_step=32)
     assert out.evicted_blocks > 0 and [r.output for r in reqs] == want
+
+
+@pytest.mark.parametrize("schedule", ["after_prefill", "prefill_and_decode"])
+def test_the_budgets_recorded_are_what_each_head_held(tiny_llama, tmp_path, schedule):
+    """The static run's budgets (the record's kv_budget) are, per (layer, sample), the mean over its KV heads of what
+    each head may hold, as serve mode records them: a retrieval head the whole sequence, a streaming head its window
+    (under after_prefill at most its prompt). Layer 0's heads stream, layer 1's retrieve (issue 58: the record said
+    the window alone, min = max, while the retrieval heads held every pair)."""
+    from types import SimpleNamespace
+
+    from kvbench.budgets import head_rule
+    from tests.conftest import random_prompts
+
+    policy = DuoAttention(patterns=pattern_folder(tmp_path, [[0.1, 0.2], [0.9, 0.8]], 2, 9), schedule=schedule,
+                          head_compression_ratio=0.5, evict_every=3)
+    prompts, new = random_prompts((30, 7, 19), seed=3), 5
+    out = generate(tiny_llama.model, tiny_llama.tokenizer, prompts, policy, 3, max_new_tokens=new, eos_token_ids=[])
+    window = [min(len(p), 11) if schedule == "after_prefill" else 11 for p in prompts]
+    assert (out.budget_min, out.budget_max, out.budget_per_layer) == (min(window), 30 + new, True)
+    served = head_rule(policy).head_budgets(policy, tiny_llama.model.config)  # serve mode's, per request (L, H)
+    means = [served(SimpleNamespace(prompt=p, max_new_tokens=new)).float().mean(1) for p in prompts]
+    assert (out.budget_min, out.budget_max) == (min(int(m.min()) for m in means), max(int(m.max()) for m in means))
 
 
 def sliding_reference(ref, prompt, new, streaming, sink, window, p, schedule):
@@ -267,16 +299,18 @@ def test_preflight_refuses_a_model_without_a_pattern_from_its_config(tmp_path):
     config.name_or_path = "Qwen/Qwen3-8B"
     with pytest.raises(ConfigError) as e:
         check_policy(config, DuoAttention(), 64)
-    assert e.value.key == "policy.head_patterns" and "Qwen/Qwen3-8B" in str(e.value)
+    assert e.value.key == "policy.patterns" and "Qwen/Qwen3-8B" in str(e.value)  # a key that exists (issue 58)
+    assert str(e.value).startswith("policy.patterns: ")  # not set: no value to show
     check_policy(config, DuoAttention(calibration=str(tmp_path / "texts.json")), 64)  # read when the model is loaded
     L, H = T.CONFIG["num_hidden_layers"], T.CONFIG["num_key_value_heads"]
     check_policy(config, DuoAttention(patterns=pattern_folder(tmp_path, np.ones((L, H)), 2, 8)), 64)
     wrong = tmp_path / "wrong"
     wrong.mkdir()
-    with pytest.raises(ConfigError, match="pattern shape"):
-        check_policy(config, DuoAttention(patterns=pattern_folder(wrong, np.ones((L + 1, H)), 2, 8)), 64)
-    with pytest.raises(ConfigError, match="no published pattern"):
-        check_policy(config, DuoAttention(patterns="Qwen/Qwen3-8B"), 64)
+    for patterns, match in ((pattern_folder(wrong, np.ones((L + 1, H)), 2, 8), "pattern shape"),
+                            ("Qwen/Qwen3-8B", "no published pattern")):
+        with pytest.raises(ConfigError, match=match) as e:
+            check_policy(config, DuoAttention(patterns=patterns), 64)
+        assert e.value.key == "policy.patterns"
     for name in ("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Meta-Llama-3.1-8B-Instruct"):
         config.name_or_path = name
         check_policy(config, DuoAttention(), 64)

@@ -40,6 +40,7 @@ from hydra import compose, initialize_config_dir
 from kvbench import attention as static_attention
 from kvbench import cli
 from kvbench import run as kvrun
+from kvbench.budgets import head_rule
 from kvbench.cache import KVCache
 from kvbench.conf import load_option
 from kvbench.config import CONF_DIR, prepare
@@ -98,6 +99,7 @@ class Spy:
         self.serve_steps = 0
         self.most_pages = 0
         self.serve_budgets: list[torch.Tensor] = []  # each admitted request's (L, H) budgets
+        self.head_tables: list[torch.Tensor] = []  # a head pattern's (L, B) means over each layer's heads (static)
         self.quant_bits: set[int | None] = set()  # the bits of every static cache group's K/V (None: the model's dtype)
 
     def install(self, mp: pytest.MonkeyPatch) -> None:
@@ -129,6 +131,12 @@ class Spy:
             batch.cache.spy_prefill = policy.evicts_in_prefill
             batch.cache.spy_once = policy.once
             self.quant_bits |= {None if g.store is None else g.store.key_rule.bits for g in batch.cache.groups}
+            rule = head_rule(policy)
+            if rule.fixed and policy.evicts:  # what each head may hold, by the rule serve mode budgets requests by
+                per = rule.head_budgets(policy, model.config)
+                new = a[0] if a else k["max_new_tokens"]
+                self.head_tables.append(torch.stack([per(types.SimpleNamespace(prompt=x, max_new_tokens=new)).float()
+                                                     .mean(1) for x in ids], dim=1))
         return wrapped
 
     def begin_forward(self, fn):
@@ -301,8 +309,12 @@ def check_record(c: Combo, rec: dict, spy: Spy) -> None:
     else:
         held = [b for row in spy.budget_rows for b in row]
         assert (spy.evictions == 0) if c.holds_whole else (spy.evictions > 0)
-        assert rec["kv_budget"] == {"by": by, "min": min(held), "max": max(held),
-                                    "per_layer": spy.per_layer}
+        if c.policy in HEAD_PATTERN:  # each layer's heads' mean (a retrieval head: the whole sequence), as served
+            t = spy.head_tables
+            assert rec["kv_budget"] == {"by": by, "min": min(int(x.min()) for x in t), "max": max(int(x.max()) for x in t),
+                                        "per_layer": any(bool((x != x[:1]).any()) for x in t)}
+        else:
+            assert rec["kv_budget"] == {"by": by, "min": min(held), "max": max(held), "per_layer": spy.per_layer}
         assert not spy.per_layer or c.policy == "pyramidkv"  # PyramidKV's may still be one budget (its fallback)
     if not serve:  # the cache the run built stores K/V as gen.kv_cache_dtype says
         assert spy.quant_bits == {None if c.kv_cache == "auto" else int(c.kv_cache[3:])}, spy.quant_bits

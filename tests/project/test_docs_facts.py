@@ -43,6 +43,8 @@ REFUSED = {
         replace(BASE, policy="compactor"),
     "`policy=compactor` serving a prompt longer than `serve.max_tokens_per_step`, or with `gen.prefill_chunk`":
         replace(SERVE, policy="compactor", schedule="after_prefill"),  # the matrix's prompts: up to 273 tokens
+    "`policy=chunkkv` or `critical` over `policy.inner=compactor` with `gen.prefill_chunk`, or serving a prompt "
+    "longer than `serve.max_tokens_per_step`": [*TINY, "policy=critical", "policy.inner=compactor", "gen.prefill_chunk=64"],
     "`policy=chunkkv` or `critical` with `policy.head_budget=adaptive`":
         replace(BASE, policy="critical", schedule="after_prefill", head_budget="adaptive"),
     "`policy=duo_attention` with `kv_size` or `kv_ratio`, with `head_budget` other than `pattern`, with "
@@ -95,6 +97,8 @@ REFUSED = {
     "`gen.kv_cache_dtype` `int8` or `int4` with `gen.attention=flash`":
         [*TINY, "gen.kv_cache_dtype=int4", "gen.kv_quant_group=16", "gen.attention=flash"],
     "`gen.kv_quant_group` that does not divide the model's head size": [*TINY, "gen.kv_cache_dtype=int8"],
+    "`gen.kv_quant_group` or `gen.kv_quant_residual` away from its default with `gen.kv_cache_dtype=auto` (a single "
+    "run; a sweep ignores it there)": [*TINY, "gen.kv_quant_residual=16"],
     "`policy.head_budget=adaptive`, `global`, `layerwise` (KVzip's default and its other ranking) or `threshold` "
     "with `mode=serve_limits`":
         replace(BASE, policy="snapkv", schedule="after_prefill", mode="serve_limits", head_budget="adaptive"),
@@ -118,6 +122,8 @@ THAT_KEY = {"`policy=full` with `kv_ratio` or `compression_ratio`": "policy.kv_r
             "`serve.eviction=openvino` with `policy.kv_size`, `protect_*`, `schedule` or `serve.block_score` changed":
                 "policy.schedule",
             "`plan.*` values `kvbench-plan` refuses": "plan.gpus",
+            "`gen.kv_quant_group` or `gen.kv_quant_residual` away from its default with `gen.kv_cache_dtype=auto` (a "
+            "single run; a sweep ignores it there)": "gen.kv_quant_residual",
             "`policy.head_budget=threshold` with `kv_ratio`, `compression_ratio`, `protect_recent` or `rerotate`":
                 "policy.compression_ratio",
             "`policy=duo_attention` with `kv_size` or `kv_ratio`, with `head_budget` other than `pattern`, with "

@@ -70,6 +70,49 @@ def test_undefined_combinations_are_refused_in_one_line(extra, key, tmp_path, ca
     assert not (tmp_path / "runs.jsonl").exists(), err
 
 
+def _prepared(*overrides):
+    from kvbench.config import prepare
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=list(overrides))
+    prepare(cfg)
+    return cfg
+
+
+def test_the_groups_default_pairs_with_the_served_page(tmp_path):
+    """`mode=serve gen.kv_cache_dtype=int4 serve.max_running=4`, every other key at its default, serves: the group
+    left unset is the page (serve.block_size), a quantized pool's key group; elsewhere it is 32, as before the default
+    was derived (records keep their identity); a group given explicitly must still equal the block size (issue 58)."""
+    served = ["model=tiny-llama", "mode=serve", "gen.kv_cache_dtype=int4", "serve.max_running=4",
+              f"results_dir={tmp_path}"]
+    cli.preflight(served)
+    assert _prepared(*served).gen.kv_quant_group == 16
+    assert _prepared(*served, "serve.block_size=8").gen.kv_quant_group == 8
+    assert _prepared("gen.kv_cache_dtype=int4").gen.kv_quant_group == 32  # mode=run: KIVI's 32
+    assert _prepared(*served[:2]).gen.kv_quant_group == 32  # nothing quantized: the default the records hold
+    from kvbench.config import config_hash
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        unset, given = (compose("config", overrides=[*served, *g]) for g in ([], ["gen.kv_quant_group=16"]))
+    assert config_hash(unset) == config_hash(given)
+
+
+@pytest.mark.parametrize("knob", ["gen.kv_quant_group=16", "gen.kv_quant_residual=0"])
+def test_a_quantization_knob_without_a_quantized_cache(knob, tmp_path, capsys):
+    """Set without a quantized cache it would be ignored, yet recorded (the report would split its run into a table
+    of its own): a single run refuses it in one line, as a policy key its policy does not use; a sweep over the
+    cache's dtype applies it where the cache is quantized and names it in the other jobs' ignored keys."""
+    err = assert_one_line_exit_2(cli.main, ["model=tiny-llama", knob, f"results_dir={tmp_path}"], capsys,
+                                 knob.split("=")[0])
+    assert "gen.kv_cache_dtype" in err
+    _, jobs = cli.compose_jobs(["-m", "model=tiny-llama", "gen.kv_cache_dtype=auto,int4", knob,
+                                f"results_dir={tmp_path}"])
+    key, value = knob.split("=")
+    (_, auto, dropped), (_, int4, kept) = jobs
+    assert dropped == [key] and kept == []
+    assert auto.gen[key.split(".")[1]] in (None, 32) and int4.gen[key.split(".")[1]] == int(value)
+
+
 def test_the_search_finds_a_larger_batch_for_int4(tmp_path):
     # 32 layers: a quantized cache reads one layer at a time in the model's dtype (a transient of about one layer's
     # pairs), so with the tiny model's 2 layers that transient outweighs what the cache saves; with 32 it does not
