@@ -23,7 +23,8 @@ strings (and EOS). Log-likelihood requests (multiple choice) score the continuat
 cache of its context (kvbench.continuation: the context compressed as the policy's schedule leaves it, the
 continuation read in full, never evicted); an empty context is conditioned on HFLM's `prefix_token_id`
 (the model_arg, else the tokenizer's BOS, else its EOS). `loglikelihood_rolling` (perplexity) is refused
-with one line.
+with one line; `kvbench-lm-eval` refuses it, and log-likelihood tasks with a policy that cannot score them, before
+lm_eval starts (kvbench.lmeval_tasks).
 """
 
 from __future__ import annotations
@@ -175,13 +176,18 @@ class KVBenchLM(LM):
 
 def main() -> None:
     """`kvbench-lm-eval`: lm_eval's command line with the `kvbench` model registered; bad model_args (or
-    batch size) for it end the command with one line and exit code 2 before lm_eval starts."""
-    from kvbench.lmeval_args import command_line, configure
+    batch size) for it, and tasks it cannot run with the policy (kvbench.lmeval_tasks), end the command with one
+    line and exit code 2 before lm_eval starts."""
+    from kvbench.config import build_policy
+    from kvbench.lmeval_args import configure
+    from kvbench.lmeval_command import command_line
+    from kvbench.lmeval_tasks import command_types, refuse_unrunnable
 
     try:
         kwargs = command_line(sys.argv[1:])
         if kwargs is not None:
-            configure(kwargs)
+            policy = build_policy(configure(kwargs).cfg)
+            refuse_unrunnable(policy, command_types(sys.argv[1:]))
     except ConfigError as e:
         print(f"kvbench-lm-eval: error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -11,18 +11,13 @@ model_args (`batch_size`, `max_batch_size`), an unknown model or policy, a value
 kvbench's checks refuse (kvbench.config.prepare), and what the model needs before loading
 (kvbench.config.preflight: its files, its family). Messages use model_args' names (`kv_size`, not
 `policy.kv_size`).
-
-`command_line(argv)`: the model_args and lm_eval options of a `kvbench-lm-eval` command line running the
-model `kvbench` (its flags over a --config YAML's, as lm_eval merges them), so the console script refuses bad
-ones before lm_eval starts.
+A `kvbench-lm-eval` command line is read by kvbench.lmeval_command.
 """
 
 from __future__ import annotations
 
-import argparse
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from omegaconf import DictConfig
 
@@ -110,53 +105,6 @@ def in_model_args(e: ConfigError) -> ConfigError:
     rename = lambda m: names.get(m.group(0), m.group(2) if m.group(1) == "policy" else m.group(0))  # noqa: E731
     pattern = r"\b(policy|model|gen)\.(\w+)"
     return ConfigError(re.sub(pattern, rename, e.key), re.sub(pattern, rename, message), e.value)
-
-
-def command_line(argv: list[str]) -> dict | None:
-    """The model's keyword arguments (`from_lm_eval`) of a kvbench-lm-eval command line that runs the model
-    `kvbench`, else None (another model, another subcommand, help)."""
-    argv = list(argv)
-    if not argv or argv[0] in ("ls", "validate") or any(a in ("-h", "--help") for a in argv):
-        return None
-    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    for flags in (("--config", "-C"), ("--model", "-M", "-m"), ("--batch_size", "-b"), ("--max_batch_size",),
-                  ("--device",)):
-        p.add_argument(*flags)
-    p.add_argument("--model_args", "-a", nargs="+", action="append")
-    known = vars(p.parse_known_args(argv[1:] if argv[0] == "run" else argv)[0])
-    given = {k: v for k, v in known.items() if v}
-    if given.get("config") and Path(given["config"]).is_file():
-        import yaml
-
-        from_yaml = yaml.safe_load(Path(given["config"]).read_text()) or {}
-        given = {**{k: from_yaml[k] for k in known if from_yaml.get(k)}, **given}
-    if given.get("model") != "kvbench":
-        return None
-    model_args = given.get("model_args") or {}
-    if not isinstance(model_args, dict):
-        model_args = _parse([w for words in model_args for w in words] if isinstance(model_args, list)
-                            else [str(model_args)])
-    return from_lm_eval(model_args, {k: given.get(k) for k in ("batch_size", "max_batch_size", "device")})
-
-
-def _parse(words: list[str]) -> dict:
-    """lm_eval's model_args words (`k=v,k2=v2` each, or one JSON object) as lm_eval reads them."""
-    import json
-
-    from lm_eval.utils import simple_parse_args_string
-
-    if len(words) == 1 and words[0].lstrip().startswith("{"):
-        try:
-            return dict(json.loads(words[0]))
-        except ValueError:
-            raise ConfigError("model_args", "is not a JSON object", words[0]) from None
-    out = {}
-    for word in words:
-        bad = [kv for kv in word.split(",") if kv and "=" not in kv]
-        if bad:
-            raise ConfigError("model_args", f"must be key=value pairs separated by commas, not {bad[0]!r}", word)
-        out.update(simple_parse_args_string(word))
-    return out
 
 
 def _known(group: str, name) -> None:

@@ -1,5 +1,7 @@
-"""Shared fixtures: tiny random models (float64, so float noise never flips a greedy token) and prompts; and a
-guard: the suite writes nothing into the checkout's results folders (a test passes `results_dir=tmp_path`)."""
+"""Shared fixtures: tiny random models (float64, so float noise never flips a greedy token) and prompts; a guard:
+the suite writes nothing into the checkout's results folders (a test passes `results_dir=tmp_path`); and the options
+`--policy NAME` / `--arch ARCH` that run one policy's or one model family's rows of the tests given (tests/selection.py,
+`make check-policy`, `make check-family`)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,18 @@ def _files() -> dict[str, tuple[int, int]]:
     """Every file under WATCHED: relative path -> (size, mtime in ns)."""
     return {str(p.relative_to(ROOT)): (st.st_size, st.st_mtime_ns) for d in WATCHED
             for p in (ROOT / d).rglob("*") if p.is_file() and (st := p.stat())}
+
+
+def pytest_addoption(parser):
+    from tests.selection import add_options
+
+    add_options(parser)
+
+
+def pytest_collection_modifyitems(config, items):
+    from tests.selection import select
+
+    select(config, items)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -81,7 +81,8 @@ def test_simple_evaluate_refuses_before_loading(model_args, monkeypatch):
 
 @pytest.mark.parametrize("batch_size", ["auto", "0", "two"])
 def test_batch_sizes_kvbench_cannot_run(batch_size):
-    from kvbench.lmeval_args import command_line, configure
+    from kvbench.lmeval_args import configure
+    from kvbench.lmeval_command import command_line
 
     with pytest.raises(ConfigError, match="^batch_size="):
         configure(command_line(["--model", "kvbench", "--model_args", "model=tiny-llama", "--tasks", "x",
@@ -90,7 +91,7 @@ def test_batch_sizes_kvbench_cannot_run(batch_size):
 
 def test_the_command_line_is_read_as_lm_eval_reads_it(tmp_path):
     """Flags over a --config YAML's; several --model_args words merge; another model or subcommand is lm_eval's."""
-    from kvbench.lmeval_args import command_line
+    from kvbench.lmeval_command import command_line
 
     yaml = tmp_path / "run.yaml"
     yaml.write_text("model: kvbench\nmodel_args:\n  model: tiny-llama\n  policy: h2o\nbatch_size: 4\n")

@@ -11,7 +11,8 @@ without loading weights:
   with that line (`(...)` stands for any text);
 - `kvbench-plan`: its preflight (`kvbench.capacity.preflight`);
 - `kvbench-lm-eval`: `--model kvbench` and `--tasks` given, and the console script's preflight of the model_args
-  (`kvbench.lmeval_args`), with a shown `kvbench-lm-eval: error: ...` line as for `kvbench`;
+  (`kvbench.lmeval_command`, `kvbench.lmeval_args`) and of the tasks the policy cannot run (`kvbench.lmeval_tasks`),
+  with a shown `kvbench-lm-eval: error: ...` line as for `kvbench`;
 - `kvbench-report DIR`: run on DIR's committed records (into a temporary folder, no plots); a DIR with no
   records in the checkout (the default `outputs` a documented sweep writes) is run on a committed one;
 - `kvbench-gpu-check`, `pip install 'kvbench[extra]'`: the console script and the extra exist;
@@ -30,6 +31,7 @@ lengths), unless the command is shown failing for that reason.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shlex
@@ -200,6 +202,25 @@ def check_kvbench(cmd: Command, args: list[str], monkeypatch, request, check=Non
     assert not shown, f"{cmd.id}: shown refused ({shown[0]}), but it passed"
 
 
+@functools.cache
+def _task_manager(include_path=None):
+    """lm_eval's task index (seconds to build), once per include path for every documented command."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=include_path)
+
+
+def lm_eval_preflight(prog: str, args: list[str]) -> None:
+    """What kvbench-lm-eval checks before lm_eval starts: the model_args, then the tasks the policy cannot run
+    (kvbench.lmeval_tasks). `lm-eval run` (lm_eval's own command) checks the model_args as the model is built."""
+    from kvbench import lmeval_args, lmeval_command, lmeval_tasks
+    from kvbench.config import build_policy
+
+    policy = build_policy(lmeval_args.configure(lmeval_command.command_line(args)).cfg)
+    if prog == "kvbench-lm-eval":
+        lmeval_tasks.refuse_unrunnable(policy, lmeval_tasks.command_types(args, _task_manager))
+
+
 def check_report(cmd: Command, args: list[str], tmp_path) -> None:
     from kvbench.report.report_cli import main
 
@@ -261,7 +282,7 @@ def test_documented_command(cmd, data_dir, monkeypatch, request, tmp_path):
         for job in needle.jobs(parsed, rest):
             check_kvbench(cmd, job, monkeypatch, request)
     elif prog in ("kvbench-lm-eval", "lm-eval"):  # lm_eval's own flags, then the console script's preflight of its model_args
-        from kvbench import lmeval, lmeval_args
+        from kvbench import lmeval
 
         if prog == "lm-eval":  # the model comes from kvbench's entry point, as lm_eval's plugin discovery loads it
             from importlib.metadata import EntryPoint
@@ -272,8 +293,7 @@ def test_documented_command(cmd, data_dir, monkeypatch, request, tmp_path):
             assert EntryPoint("kvbench", target["kvbench"], "lm_eval.models").load() is lmeval.KVBenchLM
         flags = dict(zip(args[::2], args[1::2], strict=False))
         assert flags.get("--model") == "kvbench" and flags.get("--tasks"), f"{cmd.id}: --model kvbench --tasks"
-        check_kvbench(cmd, args, monkeypatch, request,
-                      lambda a: lmeval_args.configure(lmeval_args.command_line(a)))
+        check_kvbench(cmd, args, monkeypatch, request, lambda a: lm_eval_preflight(prog, a))
     else:
         assert _is_command(prog), f"{cmd.id}: no check for {prog}: add one to this test"
         check_other(cmd)
