@@ -54,3 +54,35 @@ def test_h2o_and_batch_max_compress_every_family(arch, name, prompts):
     assert max(n for sliding, _, n, _ in seen[-1] if sliding is None) < 70 + NEW - 1  # compressed
     alone = run(lm, [prompts[1]], policy, prefill_chunk=CHUNK)
     assert out.token_ids[1] == alone.token_ids[0], arch
+
+
+def policy_record(arch: str, policy: str, tmp_path, *overrides: str) -> dict:
+    """The record of a small run of `policy` (2 passkey samples of 60 context tokens, batch 2, 4 new tokens, half of
+    each prompt kept) on the tiny model of `arch`."""
+    from hydra import compose, initialize_config_dir
+
+    from kvbench import run as kvrun
+    from kvbench.config import CONF_DIR
+
+    budget = [] if policy == "duo_attention" else ["policy.kv_ratio=0.5"]  # DuoAttention: its head pattern
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["model=tiny-llama", f"model.arch={arch}", "task.n_samples=2",
+                                           "task.context_tokens=60", "gen.max_new_tokens=4", "batch_size=2",
+                                           f"policy={policy}", *budget, f"results_dir={tmp_path}", *overrides])
+    return kvrun.run(cfg)
+
+
+HYBRID_POLICIES = ("expected_attention", "kvzip", "kvzip_plus", "kvgrad", "kvzap", "compactor", "critical",
+                   "duo_attention")
+
+
+@pytest.mark.parametrize("policy", HYBRID_POLICIES)
+@pytest.mark.parametrize("arch", ["qwen3.5", "qwen3-next"])
+def test_policies_reading_the_attention_modules_run_on_a_hybrid(arch, policy, tmp_path):
+    """The policies that read each layer's attention module (its projections, its input hidden states, scoring passes)
+    compress a hybrid's attention layers; its linear-attention layers have no K/V to score (issue 58: they crashed
+    after the model loaded, reading `self_attn` of every layer)."""
+    rec = policy_record(arch, policy, tmp_path)
+    assert rec["status"] == "ok", rec["error"]
+    k = family.kinds(model(arch).model.config)
+    assert rec["compressed_layers"] == k.full_layers and k.linear and rec["kv_kept_share"] < 1
