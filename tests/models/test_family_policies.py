@@ -86,3 +86,34 @@ def test_policies_reading_the_attention_modules_run_on_a_hybrid(arch, policy, tm
     assert rec["status"] == "ok", rec["error"]
     k = family.kinds(model(arch).model.config)
     assert rec["compressed_layers"] == k.full_layers and k.linear and rec["kv_kept_share"] < 1
+
+
+def test_compactor_runs_on_gemma4_s_two_layer_shapes(tmp_path):
+    """Compactor reads each layer's own K/V heads and head size (Gemma 4's global layer: 1 x 32, its sliding one
+    2 x 16), not the config's (transformers refuses `num_key_value_heads` there: issue 58)."""
+    rec = policy_record("gemma4", "compactor", tmp_path, "task.context_tokens=80")
+    assert rec["status"] == "ok", rec["error"]
+    assert rec["compressed_layers"] == [1] and rec["kv_kept_share"] < 1
+
+
+@pytest.mark.parametrize("arch", ["glm4", "glm4-moe", "qwen3.5"])
+def test_expected_attention_runs_and_serves_with_partial_rope(arch, tmp_path, prompts):
+    """ExpectedAttention on partial RoPE (GLM-4: half the dims, interleaved; Qwen3.5: a quarter) runs to a true record,
+    and serve mode (where it serves the family) gives the static engine's tokens (issue 58: its D x D rotation was
+    built from the rotary dims only)."""
+    from kvbench import engine
+    from kvbench.policies import ExpectedAttention
+    from kvbench.serve.engine import serve
+    from tests.serve.test_engine import requests
+
+    rec = policy_record(arch, "expected_attention", tmp_path)
+    assert rec["status"] == "ok", rec["error"]
+    assert rec["kv_kept_share"] < 1
+    lm = model(arch)
+    if family.kinds(lm.model.config).plain:  # serve mode runs full-attention models only (Qwen3.5: refused)
+        policy = ExpectedAttention(kv_size=16, n_future_positions=64)
+        want = engine.generate(lm.model, lm.tokenizer, prompts[:2], policy, batch_size=1, max_new_tokens=6,
+                               eos_token_ids=[]).token_ids
+        reqs = requests(prompts[:2], 6)
+        out = serve(lm.model, reqs, policy, num_blocks=400, block_size=1, max_tokens_per_step=64)
+        assert out.evicted_blocks > 0 and [r.output for r in reqs] == want

@@ -17,6 +17,7 @@ from kvbench.attention import kv_attention
 from kvbench.engine import generate
 from kvbench.models import prerope
 from kvbench.models.tiny import FAMILY_ARCHS
+from kvbench.policies.compactor import Compactor
 from kvbench.policies.expected_attention import ExpectedAttention
 from kvbench.policies.needs import Observation
 from tests import kvpress_tiny as T
@@ -103,39 +104,54 @@ def _phi4_mini_shape():
     return types.SimpleNamespace(model=AutoModelForCausalLM.from_config(cfg).eval(), tokenizer=byte_tokenizer())
 
 
+def _check_rope(obs, errors: list) -> None:
+    """That the layer's RoPE matrix (kvbench.models.prerope.rotation at the forward's positions) turns the pre-RoPE
+    queries and keys into those the model's attention computed (max abs error over the real positions)."""
+    cos, sin = prerope.cos_sin(obs.rotary, obs.positions, obs.hidden.float(), obs.module)  # (B, T, C)
+    R = prerope.rotation(obs.module, cos, sin)[:, None]  # (B, 1, T, D, D)
+    real = obs.real[:, None, :, None]
+    for pre, post in ((prerope.queries(obs.module, obs.hidden), obs.query),
+                      (prerope.keys(obs.module, obs.hidden), obs.key)):
+        rotated = (R @ pre.float()[..., None])[..., 0]  # (B, H, T, D)
+        errors.append(float(((rotated - post.float()) * real).abs().max()))
+
+
 class RopeCheck(ExpectedAttention):
-    """ExpectedAttention that also checks, at every layer of every forward, that the layer's RoPE matrix
-    (kvbench.models.prerope.rotation at the forward's positions) turns the pre-RoPE queries and keys into those the
-    model's attention computed."""
+    """ExpectedAttention that also checks each layer's RoPE matrix at every layer of every forward."""
 
     errors: ClassVar[list] = []
 
     def observe(self, obs):
-        cos, sin = prerope.cos_sin(obs.rotary, obs.positions, obs.hidden.float(), obs.module)  # (B, T, C)
-        R = prerope.rotation(obs.module, cos, sin)[:, None]  # (B, 1, T, D, D)
-        real = obs.real[:, None, :, None]
-        for pre, post in ((prerope.queries(obs.module, obs.hidden), obs.query),
-                          (prerope.keys(obs.module, obs.hidden), obs.key)):
-            rotated = (R @ pre.float()[..., None])[..., 0]  # (B, H, T, D)
-            self.errors.append(float(((rotated - post.float()) * real).abs().max()))
+        _check_rope(obs, self.errors)
+        return super().observe(obs)
+
+
+class CompactorRopeCheck(Compactor):
+    """Compactor (its pre-RoPE keys) with the same check: it runs where layers differ in shape (Gemma 4)."""
+
+    errors: ClassVar[list] = RopeCheck.errors
+
+    def observe(self, obs):
+        _check_rope(obs, self.errors)
         return super().observe(obs)
 
 
 ROPE_ARCHS = [a for a in FAMILY_ARCHS if a not in ("gemma3-bidirectional", "gemma4", "ministral3")]
 
 
-@pytest.mark.parametrize("arch", ["llama", "phi4-mini-shape", *ROPE_ARCHS])
+@pytest.mark.parametrize("arch", ["llama", "phi4-mini-shape", *ROPE_ARCHS, "gemma4"])
 def test_each_layer_s_rope_matrix_is_the_model_s(arch):
-    """Full, partial (GLM-4 0.5 interleaved, Phi-4-mini 0.75, Qwen3.5 0.25), interleaved (Cohere), halved (gpt-oss),
-    per-layer-type (Gemma 3) and NoPE layers (SmolLM3, EXAONE 4): R q_pre is the query the attention computed, R k_pre
-    the key, at every position (Ministral 3 also scales its queries by position, which R leaves out; Gemma 4 has no
-    ExpectedAttention: its layers differ in shape)."""
+    """Full, partial (GLM-4 0.5 interleaved, Phi-4-mini 0.75, Qwen3.5 0.25, Gemma 4's global layers), interleaved
+    (Cohere), halved (gpt-oss), per-layer-type (Gemma 3) and NoPE layers (SmolLM3, EXAONE 4): R q_pre is the query the
+    attention computed, R k_pre the key, at every position (Ministral 3 also scales its queries by position, which R
+    leaves out). Gemma 4 (layers of two shapes, refused to ExpectedAttention) through Compactor's pre-RoPE keys."""
     from tests.models.test_family import model
 
     lm = _phi4_mini_shape() if arch == "phi4-mini-shape" else model(arch)
     RopeCheck.errors.clear()
+    policy = CompactorRopeCheck(kv_size=12) if arch == "gemma4" else RopeCheck(kv_size=12)
     out = generate(lm.model, lm.tokenizer, [T.prompt_ids(40, seed=1), T.prompt_ids(29, seed=4)],
-                   RopeCheck(kv_size=12), 2, max_new_tokens=3, eos_token_ids=[], prefill_chunk=16)
+                   policy, 2, max_new_tokens=3, eos_token_ids=[], prefill_chunk=16)
     assert all(len(t) == 3 for t in out.token_ids)
     assert RopeCheck.errors and max(RopeCheck.errors) < 1e-4, arch
 
