@@ -4,7 +4,7 @@ A scoring pass (kvbench.attention.pass_step: KVzip's, KVzip+'s and KVgrad's repe
 reading more tokens after the context. Its attention layers read the context's held pairs through the pass step; its
 linear-attention layers (Gated-DeltaNet, kvbench.cache.linear_state) must start from the state the context left, or
 the pass would be a model that never read the context at three layers in four. `pass_cache` hands the decoder a
-transformers `Cache` whose linear layers are copies of the context's states that the pass reads and never writes
+transformers `Cache` whose linear layers hold the context's states for the pass to read, never to write
 (`ReadOnlyState`: the conv window and recurrent state after the context, whatever the pass computes), and whose
 attention layers pass the pass's own K/V through (`PassThrough`: the pass step reads the held pairs itself, and the
 pass's pairs are never kept). The rows' pass tokens are then left-aligned (pads after them: a pad between the context
@@ -58,20 +58,23 @@ class ReadOnlyState(LinearAttentionLayer):
         pass
 
 
-def read_only(layer: LinearAttentionLayer) -> ReadOnlyState:
-    """`layer`'s states copied as normal tensors (a pass with autograd may save them for its backward)."""
+def read_only(layer: LinearAttentionLayer, grad: bool) -> ReadOnlyState:
+    """A view of `layer`'s states the pass reads: the same tensors (no copy: nothing writes them; `record_past` keeps a
+    one-token pass off the convolution's in-place update), or, for a pass with autograd (`grad`), copies as normal
+    tensors (the inference-mode states cannot be saved for its backward; the account charges them)."""
     out = copy.copy(layer)
     out.__class__ = ReadOnlyState
-    with torch.inference_mode(False):
-        out.conv_states = {i: None if t is None else t.clone() for i, t in layer.conv_states.items()}
-        out.recurrent_states = {i: None if t is None else t.clone() for i, t in layer.recurrent_states.items()}
-    out.record_past = False
+    out.record_past = True
+    if grad:
+        with torch.inference_mode(False):
+            out.conv_states = {i: None if t is None else t.clone() for i, t in layer.conv_states.items()}
+            out.recurrent_states = {i: None if t is None else t.clone() for i, t in layer.recurrent_states.items()}
     return out
 
 
-def pass_cache(num_layers: int, linear: dict) -> Cache | None:
+def pass_cache(num_layers: int, linear: dict, grad: bool = False) -> Cache | None:
     """The decoder's cache for a pass over a hybrid whose linear layers `linear` ({layer: LinearAttentionLayer}) hold
     the context's states; None for a model without linear layers (the pass runs without a cache)."""
     if not linear:
         return None
-    return Cache(layers=[read_only(linear[i]) if i in linear else PassThrough() for i in range(num_layers)])
+    return Cache(layers=[read_only(linear[i], grad) if i in linear else PassThrough() for i in range(num_layers)])

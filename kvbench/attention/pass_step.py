@@ -152,7 +152,7 @@ def one_pass(model, held, policy, state: dict, rows: list, seen: list[int], pad_
     span, real = span.to(dev), real.to(dev)
     step = PassStep(held, policy, state, span[0], span[1], real, deferred=policy.needs.pass_grad)
     decoder = model.get_decoder()
-    cache = pass_cache(len(decoder.layers), linear)
+    cache = pass_cache(len(decoder.layers), linear, policy.needs.pass_grad)
     kw = {} if cache is None else {cache_kwarg(decoder): cache, "use_cache": True, "attention_mask": real.long()}
     if policy.needs.pass_grad:
         backward_pass(model, step, ids.to(dev), pos.to(dev), real, **kw)
