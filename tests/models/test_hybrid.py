@@ -202,8 +202,11 @@ def test_scoring_passes_continue_from_each_row_s_linear_state(arch, prompts, mon
     """KVzip's passes over a hybrid (several per row, of different lengths: rows padded in each round): the hidden
     states entering every attention layer are the model's own reading the pass's tokens right after the row's
     context (transformers' forward of context + pass ids, the row alone). Without the context's linear-attention state
-    the pass would be a model that never read the context at those layers."""
+    the pass would be a model that never read the context at those layers. The passes leave the state as it was."""
     from kvbench.attention import attention_modules
+    from kvbench.attention.pass_step import run_rows
+    from kvbench.cache import linear_state
+    from kvbench.engine import scoring_passes
     from kvbench.policies import KVzip
 
     lm = model(arch) if arch == "qwen3.5" else _qwen3_next_three_layers()
@@ -214,7 +217,17 @@ def test_scoring_passes_continue_from_each_row_s_linear_state(arch, prompts, mon
                         contexts[-1][1])
     monkeypatch.setattr(KVzip, "pass_scores", lambda self, ctx: seen.append((ctx.layer, ctx.hidden, ctx.real)) or
                         pass_scores(self, ctx))
+    states = lambda linear: [t.clone() for la in linear.values() for t in linear_state.tensors(la)]  # noqa: E731
+    untouched = []
+
+    def rows(model, held, policy, state, per_row, seen_, pad_id, linear=None):  # the passes leave the state as it was
+        before = states(linear)
+        run_rows(model, held, policy, state, per_row, seen_, pad_id, linear)
+        untouched.append(all(torch.equal(a, b) for a, b in zip(before, states(linear), strict=True)))
+
+    monkeypatch.setattr(scoring_passes, "run_rows", rows)
     run(lm, prompts, policy, max_new_tokens=2)
+    assert untouched == [True]
     assert len({len(p) for _, p in contexts}) == 2  # the rows have different numbers of passes
     modules = attention_modules(lm.model)
     layers = [i for i, m in enumerate(modules) if m is not None]
