@@ -8,7 +8,9 @@ does for Qwen3); the mean query placed at position q_len-1 and the mean key at 0
 rotary embedding; weights = float32 softmax(q k^T / sqrt(D)); a query head's score is the mean over t of the
 cumulative sum of its weights (mass on early positions: high = retrieval); mean over the group, then over texts.
 Departures (kvpress covers Llama/Mistral/Qwen3 only): OLMo2's whole-projection q/k norms are applied and its
-un-normalised layer input used (it normalises after attention); fused-projection (Phi-3) and interleaved-RoPE
+un-normalised layer input used (it normalises after attention); the pre-RoPE queries and keys and the RoPE are the
+layer's own (kvbench.models.prerope: Qwen3.5's gated query projection, partial RoPE's pass-through dims, NoPE
+layers); a hybrid's linear-attention layers have no heads to score; fused-projection (Phi-3) and interleaved-RoPE
 (GLM-4) models are refused. The logits are not scaled by a family's own attention scale (Gemma's
 query_pre_attn_scalar, Granite's multiplier): kvpress's 1/sqrt(D), as it does.
 """
@@ -20,28 +22,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from kvbench.artifacts.duo_patterns import ON_THE_FLY_WINDOWS, HeadPattern
+from kvbench.attention.interface import attention_modules
 from kvbench.errors import ConfigError
+from kvbench.models import prerope
 from kvbench.models.family.table import INTERLEAVED_ROPE
-
-
-def _pre_rope(proj: torch.nn.Module, norm, h: torch.Tensor, d: int) -> torch.Tensor:
-    """h (1, T, hidden) -> (1, T, heads, D), with the module's query/key norm where it has one: per head
-    (Qwen3, Gemma3, Cohere: after the view, as kvpress does) or over the whole projection (OLMo2: before it;
-    kvpress applies no norm there, a departure towards the model's own pre-RoPE query)."""
-    x = proj(h)  # (1, T, heads * D)
-    if norm is not None and norm.weight.dim() == 1 and norm.weight.numel() == x.shape[-1] != d:
-        x = norm(x)
-        norm = None
-    x = x.view(1, h.shape[1], -1, d)
-    return norm(x) if norm is not None else x
 
 
 def _check(model) -> None:
     """Models this rule cannot read the same way: fused q/k/v projections, interleaved (GPT-J) RoPE."""
-    attn = model.model.layers[0].self_attn
+    attn = next(m for m in attention_modules(model) if m is not None)
     if not (hasattr(attn, "q_proj") and hasattr(attn, "k_proj")):
         raise ConfigError("policy.calibration", "on-the-fly DuoAttention needs separate q_proj and k_proj "
                           "(this model fuses them)", model.config.model_type)
@@ -52,7 +43,8 @@ def _check(model) -> None:
 
 @torch.no_grad()
 def head_scores(model, sequences: list[list[int]], q_len: int = 500) -> np.ndarray:
-    """(L, H_kv) float32 scores averaged over `sequences` (each one text's ids, forwarded whole, batch 1)."""
+    """(L, H_kv) float32 scores averaged over `sequences` (each one text's ids, forwarded whole, batch 1); a hybrid's
+    linear-attention layers (no KV heads) score 0 (DuoAttention ranks the attention layers' heads only)."""
     if not sequences or any(len(s) == 0 for s in sequences):
         raise ConfigError("policy.calibration", "needs at least one non-empty token sequence")
     _check(model)
@@ -62,20 +54,20 @@ def head_scores(model, sequences: list[list[int]], q_len: int = 500) -> np.ndarr
     scores = torch.zeros(cfg.num_hidden_layers, hkv)  # (L, H_kv)
     dev = next(model.parameters()).device
     positions = torch.arange(q_len, device=dev).unsqueeze(0)  # (1, q_len)
+    modules = attention_modules(model)
     for ids in sequences:
         hidden = model(input_ids=torch.tensor([ids], device=dev), output_hidden_states=True).hidden_states[:-1]
         for li, h in enumerate(hidden):  # h: (1, T, hidden), the layer's input
-            layer = model.model.layers[li]
-            attn = layer.self_attn
+            attn = modules[li]
+            if attn is None:
+                continue
             d = attn.head_dim
-            pre = getattr(layer, "input_layernorm", None)  # OLMo2 normalises after attention: h enters as is
+            pre = getattr(model.model.layers[li], "input_layernorm", None)  # OLMo2 normalises after attention
             h = pre(h) if pre is not None else h
-            q = _pre_rope(attn.q_proj, getattr(attn, "q_norm", None), h, d).mean(1, keepdim=True)  # (1, 1, Hq, D)
-            k = _pre_rope(attn.k_proj, getattr(attn, "k_norm", None), h, d).mean(1, keepdim=True)  # (1, 1, H, D)
-            q = q.repeat(1, q_len, 1, 1).transpose(1, 2)  # (1, Hq, q_len, D)
-            k = k.repeat(1, q_len, 1, 1).transpose(1, 2)  # (1, H_kv, q_len, D)
-            cos, sin = model.model.rotary_emb(h, positions)
-            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            q = prerope.queries(attn, h).mean(2, keepdim=True).expand(-1, -1, q_len, -1)  # (1, Hq, q_len, D)
+            k = prerope.keys(attn, h).mean(2, keepdim=True).expand(-1, -1, q_len, -1)  # (1, H_kv, q_len, D)
+            cos, sin = prerope.cos_sin(model.model.rotary_emb, positions, h, attn)
+            q, k = prerope.apply(attn, q, cos, sin), prerope.apply(attn, k, cos, sin)
             k = k.repeat_interleave(group, dim=1)  # (1, Hq, q_len, D)
             w = (q[:, :, -1:, :] @ k.transpose(2, 3) / d**0.5).softmax(dim=-1, dtype=torch.float32).squeeze()
             s = torch.cumsum(w, dim=1).mean(1)  # (Hq,)

@@ -99,21 +99,25 @@ def check_shape(pattern: HeadPattern, model_config) -> HeadPattern:
     return pattern
 
 
-def streaming_heads(scores: np.ndarray, head_compression_ratio: float) -> torch.Tensor:
+def streaming_heads(scores: np.ndarray, head_compression_ratio: float, skip=()) -> torch.Tensor:
     """kvpress's rule: the `round(L*H*ratio)` lowest scores (Python round, half to even; np.argsort over the
     flattened (L, H) table, quicksort as numpy's default) are streaming. Returns (L, H_kv) bool, True = streaming;
-    retrieval heads are its negation."""
+    retrieval heads are its negation. `skip`: rows with no KV heads (a hybrid's linear-attention layers), left out of
+    the table (never streaming, not counted in L)."""
     if not 0 <= head_compression_ratio <= 1:
         raise ConfigError("policy.head_compression_ratio", "must lie in [0, 1]", head_compression_ratio)
     mask = torch.zeros(scores.shape, dtype=torch.bool)  # (L, H_kv)
-    n = round(scores.size * head_compression_ratio)
+    rows = np.array([i for i in range(scores.shape[0]) if i not in set(skip)], dtype=int)
+    table = scores[rows]  # (L_attention, H_kv)
+    n = round(table.size * head_compression_ratio)
     if n > 0:
-        idx = np.argsort(scores, axis=None)[:n]
-        mask[np.unravel_index(idx, scores.shape)] = True
+        idx = np.argsort(table, axis=None)[:n]
+        r, h = np.unravel_index(idx, table.shape)
+        mask[rows[r], h] = True
     return mask
 
 
-def retrieval_heads(pattern: HeadPattern, head_compression_ratio: float) -> tuple[torch.Tensor, int, int]:
+def retrieval_heads(pattern: HeadPattern, head_compression_ratio: float, skip=()) -> tuple[torch.Tensor, int, int]:
     """What a DuoAttention policy needs: (L, H_kv) bool, True = retrieval head (keeps every pair); and the
     streaming heads' sink_size and recent_size (pairs [sink_size, n - recent_size) of a streaming head go)."""
-    return ~streaming_heads(pattern.scores, head_compression_ratio), pattern.sink_size, pattern.recent_size
+    return ~streaming_heads(pattern.scores, head_compression_ratio, skip), pattern.sink_size, pattern.recent_size

@@ -57,8 +57,15 @@ def _hand_hidden(module, args, kwargs):
 
 
 def attention_modules(model) -> list:
-    """Each decoder layer's attention module (`self_attn`), in layer order."""
-    return [layer.self_attn for layer in model.get_decoder().layers]
+    """Each decoder layer's attention module (`self_attn`), in layer order; None at a layer that has none (a hybrid's
+    linear-attention layer: no KV, nothing to score), so the list is indexed by layer all the same."""
+    return [getattr(layer, "self_attn", None) for layer in model.get_decoder().layers]
+
+
+def hook_attention(model, hook, pre: bool = True) -> list:
+    """`hook` registered on every attention module (a forward pre-hook with kwargs, or a forward hook); the handles."""
+    mods = [m for m in attention_modules(model) if m is not None]
+    return [m.register_forward_pre_hook(hook, with_kwargs=True) if pre else m.register_forward_hook(hook) for m in mods]
 
 
 @contextlib.contextmanager
@@ -67,8 +74,7 @@ def kv_attention(model, hidden: bool = False):
     hidden states to the step); restore its implementation and remove the hooks after."""
     register()
     previous = model.config._attn_implementation
-    hooks = [m.register_forward_pre_hook(_hand_hidden, with_kwargs=True) for m in attention_modules(model)] if (
-        hidden) else []
+    hooks = hook_attention(model, _hand_hidden) if hidden else []
     try:
         model.set_attn_implementation(NAME)
         try:

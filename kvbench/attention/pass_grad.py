@@ -15,16 +15,17 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.attention.interface import attention_modules
+from kvbench.attention.interface import hook_attention
 
 
 def _first(output) -> torch.Tensor:
     return output[0] if isinstance(output, tuple) else output
 
 
-def backward_pass(model, step, ids: torch.Tensor, pos: torch.Tensor, real: torch.Tensor) -> None:
-    """One forward + backward of the decoder over `ids` (B, T) at `pos`, then `step.finish(grads)`: layer ->
-    (B, T) float32 gradient norms of its attention output (0 at pads)."""
+def backward_pass(model, step, ids: torch.Tensor, pos: torch.Tensor, real: torch.Tensor, **decoder_kw) -> None:
+    """One forward + backward of the decoder over `ids` (B, T) at `pos` (`decoder_kw`: a hybrid's pass cache,
+    kvbench.attention.pass_cache), then `step.finish(grads)`: layer -> (B, T) float32 gradient norms of its attention
+    output (0 at pads)."""
     decoder = model.get_decoder()
     outputs: dict = {}  # layer -> the attention module's output (B, T, hidden), its gradient retained
     last: list = []
@@ -38,14 +39,14 @@ def backward_pass(model, step, ids: torch.Tensor, pos: torch.Tensor, real: torch
         last.append(_first(output))  # (B, T, hidden) before the final norm
 
     frozen = [p for p in model.parameters() if p.requires_grad]
-    hooks = [m.register_forward_hook(keep_output) for m in attention_modules(model)]
+    hooks = hook_attention(model, keep_output, pre=False)
     hooks.append(decoder.layers[-1].register_forward_hook(keep_last))
     try:
         with torch.inference_mode(False), torch.enable_grad():
             for p in frozen:
                 p.requires_grad_(False)
             embeds = model.get_input_embeddings()(ids).detach().requires_grad_(True)  # (B, T, hidden)
-            decoder(inputs_embeds=embeds, position_ids=pos, use_cache=False, kvbench_step=step)
+            decoder(inputs_embeds=embeds, position_ids=pos, kvbench_step=step, **{"use_cache": False, **decoder_kw})
             weight = real.float()  # (B, T) a normal tensor (real may be an inference one): pads add nothing
             phi = (last[-1].float().square().sum(-1) * weight).sum()
             last.clear()

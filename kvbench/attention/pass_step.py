@@ -22,8 +22,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kvbench.attention.interface import _hand_hidden, attention_modules
+from kvbench.attention.interface import _hand_hidden, hook_attention
+from kvbench.attention.pass_cache import pass_cache
 from kvbench.attention.pass_grad import backward_pass
+from kvbench.models.compat import cache_kwarg
 
 
 @dataclass
@@ -114,20 +116,23 @@ class PassStep:
             self.fold(dataclasses.replace(ctx, keys=k, values=v, grad=grads[layer]))
 
 
-def run_rows(model, held, policy, state: dict, per_row: list, seen: list[int], pad_id: int) -> None:
+def run_rows(model, held, policy, state: dict, per_row: list, seen: list[int], pad_id: int, linear=None) -> None:
     """Every round of passes (pass r of each row in one forward), the attention modules handing their input hidden
-    states to the pass (KVzip+'s norm: the model's own activations, for the passes only)."""
-    hooks = [m.register_forward_pre_hook(_hand_hidden, with_kwargs=True) for m in attention_modules(model)]
+    states to the pass (KVzip+'s norm: the model's own activations, for the passes only). `linear`: a hybrid's
+    linear-attention layers ({layer: LinearAttentionLayer} after the rows' contexts), read by every pass."""
+    hooks = hook_attention(model, _hand_hidden)
     try:
         for r in range(max((len(p) for p in per_row), default=0)):
-            one_pass(model, held, policy, state, [p[r] if r < len(p) else None for p in per_row], seen, pad_id)
+            one_pass(model, held, policy, state, [p[r] if r < len(p) else None for p in per_row], seen, pad_id,
+                     linear)
     finally:
         for h in hooks:
             h.remove()
 
 
-def one_pass(model, held, policy, state: dict, rows: list, seen: list[int], pad_id: int) -> None:
-    """One forward of the decoder over pass `rows` (a ScoringPass or None per row), left-padded."""
+def one_pass(model, held, policy, state: dict, rows: list, seen: list[int], pad_id: int, linear=None) -> None:
+    """One forward of the decoder over pass `rows` (a ScoringPass or None per row), left-padded; on a hybrid
+    (`linear`) right-padded, its linear layers continuing from the contexts' states (kvbench.attention.pass_cache)."""
     T = max(len(p.ids) for p in rows if p is not None)
     B = len(rows)
     ids = torch.full((B, T), pad_id, dtype=torch.long, device="cpu")  # built on the host (a meta default device too)
@@ -138,14 +143,18 @@ def one_pass(model, held, policy, state: dict, rows: list, seen: list[int], pad_
         if p is None:
             continue
         q = len(p.ids)
-        ids[b, T - q:] = torch.tensor(p.ids, dtype=torch.long, device="cpu")
-        pos[b, T - q:] = torch.arange(seen[b], seen[b] + q, device="cpu")
-        real[b, T - q:] = True
+        cols = slice(0, q) if linear else slice(T - q, T)
+        ids[b, cols] = torch.tensor(p.ids, dtype=torch.long, device="cpu")
+        pos[b, cols] = torch.arange(seen[b], seen[b] + q, device="cpu")
+        real[b, cols] = True
         span[:, b] = torch.tensor([p.start, p.end], device="cpu")
     dev = model.get_input_embeddings().weight.device
     span, real = span.to(dev), real.to(dev)
     step = PassStep(held, policy, state, span[0], span[1], real, deferred=policy.needs.pass_grad)
+    decoder = model.get_decoder()
+    cache = pass_cache(len(decoder.layers), linear, policy.needs.pass_grad)
+    kw = {} if cache is None else {cache_kwarg(decoder): cache, "use_cache": True, "attention_mask": real.long()}
     if policy.needs.pass_grad:
-        backward_pass(model, step, ids.to(dev), pos.to(dev), real)
+        backward_pass(model, step, ids.to(dev), pos.to(dev), real, **kw)
     else:
-        model.get_decoder()(input_ids=ids.to(dev), position_ids=pos.to(dev), use_cache=False, kvbench_step=step)
+        decoder(input_ids=ids.to(dev), position_ids=pos.to(dev), kvbench_step=step, **{"use_cache": False, **kw})

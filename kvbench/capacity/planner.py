@@ -20,7 +20,7 @@ from kvbench.capacity.node import check, node_of
 from kvbench.capacity.placement import placed_shape, placement, spec_of
 from kvbench.capacity.plan_prompts import prompt_lengths
 from kvbench.config import build_task, prepare, search_candidates
-from kvbench.quant.qconfig import kv_quant
+from kvbench.quant.qconfig import head_dims, kv_quant
 from kvbench.run.record import plan_record
 
 
@@ -30,7 +30,7 @@ def plan_inputs(cfg: DictConfig):
     spec = spec_of(cfg, node)
     model = spec.meta_model()
     shape = placed_shape(model, placement(model, spec, node))
-    shape = replace(shape, kv_quant=kv_quant(cfg.gen, head_dim=shape.head_dim))  # gen.kv_cache_dtype's cache
+    shape = replace(shape, kv_quant=kv_quant(cfg.gen, head_dim=head_dims(shape)))  # gen.kv_cache_dtype's cache
     lengths, source = prompt_lengths(cfg)
     return node, spec, model, shape, lengths, source
 

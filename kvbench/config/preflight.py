@@ -93,9 +93,9 @@ def check_family(cfg: DictConfig, seq_len: int | None = None) -> None:
     if cfg.mode != "serve_limits" and seq_len is not None:
         check_policy(config, build_policy(cfg), seq_len)
     if cfg.gen.get("kv_cache_dtype", "auto") != "auto":  # a quantized cache's group must divide the head size
-        from kvbench.quant.qconfig import kv_quant
+        from kvbench.quant.qconfig import head_dims, kv_quant
 
-        kv_quant(cfg.gen, head_dim=k.head_dim)
+        kv_quant(cfg.gen, head_dim=head_dims(k))
 
 
 def family_checked(cfg: DictConfig, lengths: list[int] | None) -> bool:

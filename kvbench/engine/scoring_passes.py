@@ -20,7 +20,7 @@ def run_passes(batch, policy, forward) -> None:
     per_row = [policy.scoring_passes(batch.prompts[b, :s].tolist()) for b, s in enumerate(seen)]
     state: dict = {}
     with cache.timer("score_pass", cache.devices):
-        run_rows(forward.model, _cache_pairs(cache), policy, state, per_row, seen, batch.pad_id)
+        run_rows(forward.model, _cache_pairs(cache), policy, state, per_row, seen, batch.pad_id, cache.linear)
     for g in cache.groups:
         if g.sliding is None and g.layers and g.layers[0] in state:
             N = max(state[la].shape[-1] for la in g.layers)

@@ -12,7 +12,8 @@ what autograd saves with the parameters frozen (no layer input kept for a weight
 three (B, T, I), the two norms' float32 inputs and scales, the query and the attention output, the concatenated K
 and V, the mask as the query's dtype and the softmax's log-sum-exp; the rotary tables and the final norm's once.
 Beside it: each layer's retained output gradient and the deferred scoring's inputs (own keys, hidden states), and
-the backward's largest layer (its MLP's gradients, the K/V gradients, the residual's).
+the backward's largest layer (its MLP's gradients, the K/V gradients, the residual's); on a hybrid, a copy of each
+row's linear-attention state (kvbench.attention.pass_cache: autograd cannot save the inference-mode states).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def pass_bytes(s: ModelShape, policy, lengths: list[int], score_chunk: int, cpu:
         kept = L * (2 * B * T * s.hidden * e + B * H * T * D * e)  # retained gradients, deferred inputs
         backward = 3 * B * T * s.intermediate * e + 2 * B * H * K * D * e + 2 * B * T * s.hidden * e
         total = max(total, graph_bytes(s, B, T, K, L) + kept + max(backward, base + 2 * q + fused), kept + total)
+        total += B * s.state_bytes_per_sequence  # a hybrid's linear states, copied for autograd (pass_cache)
     return total + state
 
 

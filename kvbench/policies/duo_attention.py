@@ -2,7 +2,8 @@
 keep every pair, streaming heads only their first `sink_size` and newest `recent_size` pairs.
 
 Each (layer, KV head) has a head score (higher = retrieval); the round(L x H_kv x head_compression_ratio) lowest
-(Python's round, np.argsort over the flattened table, as kvpress) are streaming heads (kvbench.artifacts.
+(Python's round, np.argsort over the flattened table, as kvpress; on a hybrid, L counts its attention layers only:
+its linear-attention layers hold no KV heads) are streaming heads (kvbench.artifacts.
 duo_patterns). The scores come from, in this order: `calibration` (a local .txt/.json/.jsonl of texts: kvpress's
 on-the-fly scores, `num_samples` texts at `q_len`, kvbench.artifacts.duo_calibration; kvpress calibrates on 50
 BookSum chapters from the Hub), `patterns` (a local folder or a model id in DuoAttention's published layout:
@@ -32,6 +33,7 @@ import torch
 from kvbench.artifacts import duo_calibration, duo_patterns
 from kvbench.artifacts.duo_patterns import HeadPattern
 from kvbench.errors import ConfigError
+from kvbench.models import family
 from kvbench.policies.policy import AFTER_PREFILL, Needs, Policy, ScoreContext
 
 TINY_WINDOWS = (2, 10)  # a nameless (test) model's random pattern: sink_size, recent_size
@@ -150,7 +152,8 @@ class DuoAttention(Policy):
         key = (id(config), model_name(config))
         if self._pattern is None or self._pattern[0] != key:
             p = head_pattern(self, config, model, tokenizer)
-            retrieval, _, _ = duo_patterns.retrieval_heads(p, self.head_compression_ratio)
+            linear = family.kinds(config).linear  # a hybrid's linear-attention layers: no heads to rank
+            retrieval, _, _ = duo_patterns.retrieval_heads(p, self.head_compression_ratio, linear)
             self._check_window(*self._windows(p))
             self._pattern = (key, retrieval, *self._windows(p))
         return self._pattern

@@ -3,8 +3,9 @@ queries are expected to attend to most.
 
 The pre-RoPE queries a layer has processed (every real position >= n_sink, from its input hidden states through
 q_proj (+ q_norm): kvbench.models.prerope) are modelled per query head as a Gaussian (mean mu, covariance Sigma).
-The RoPE matrices of the next `n_future` positions (from the row's next one) are averaged, R = mean_t R_t, and
-rotate the statistics (mu' = R mu, Sigma' = R Sigma R^T). A held pair's expected logit is
+The RoPE matrices of the next `n_future` positions (from the row's next one) are averaged, R = mean_t R_t (each
+layer's own RoPE, kvbench.models.prerope.rotation: on partial-RoPE models only the rotary dims turn, the others pass
+through, as the model leaves them; kvpress's rotate-half matrix where RoPE covers every dim), and rotate the statistics (mu' = R mu, Sigma' = R Sigma R^T). A held pair's expected logit is
 mu'.k / sqrt(D) + k^T Sigma' k / (2 D) (the second term with `use_covariance`); softmax over the held pairs but
 the first n_sink slots, mean over the query heads of the KV group, then (score + epsilon) x ||v|| (`use_vnorm`).
 The first n_sink slots score the row's largest score + 1 (kept).
@@ -60,7 +61,10 @@ class ExpectedAttention(Policy):
     def describe(self, gqa: bool = False, paged: bool = False) -> dict:
         d = super().describe(gqa, paged)
         d["extensions"] += ["query statistics in float32, merged chunk by chunk (Chan's formula; kvpress: the model's "
-                            "dtype, one prefill)", "sinks: each row's own largest score + 1 (kvpress: the batch's)"]
+                            "dtype, one prefill)", "sinks: each row's own largest score + 1 (kvpress: the batch's)",
+                            "RoPE averaged as each layer applies it: partial RoPE (GLM-4, Phi-4-mini, Qwen3.5) rotates "
+                            "its rotary dims and passes the others through, interleaved pairs (GLM-4, Cohere) and NoPE "
+                            "layers as the model has them (kvpress: rotate-half over every dim, its only layout)"]
         return d
 
     def observe(self, obs) -> None:
@@ -88,16 +92,11 @@ class ExpectedAttention(Policy):
         L, B, H, N, D = ctx.keys.shape
         dev = ctx.keys.device
         t = (ctx.last[0, :, 0, :] + 1) + torch.arange(self.n_future_positions, device=dev)  # (B, F) future positions
-        cos, sin = prerope.cos_sin(ctx.rotary, t, torch.zeros(1, device=dev, dtype=torch.float32))
-        cos, sin = cos.float().mean(1), sin.float().mean(1)  # (B, D): R = diag(cos) + diag(sin) P
-        P = torch.zeros(D, D, device=dev)
-        h = D // 2
-        P[h:, :h], P[:h, h:] = torch.eye(h, device=dev), -torch.eye(h, device=dev)
-        R = torch.diag_embed(cos) + sin[:, :, None] * P  # (B, D, D)
         slot = torch.arange(N, device=dev)
         held = slot < ctx.n[0, :, :, :]  # (B, 1, N)
         out = torch.empty(L, B, H, N, dtype=torch.float32, device=dev)
         for layer in range(L):  # one layer at a time: (B, Hq, N, D) products per layer
+            R = self.mean_rotation(ctx.rotary, ctx.modules[layer], t)  # (B, D, D)
             mean, count = ctx.state["mean"][layer], ctx.state["count"][layer].clamp(min=1)  # (B, Hq, D), (B, 1)
             mu = (R[:, None] @ mean[..., None])[..., 0]  # (B, Hq, D)
             k = ctx.keys[layer].float()  # (B, H, N, D)
@@ -114,6 +113,14 @@ class ExpectedAttention(Policy):
             top = p.masked_fill(~ok, float("-inf")).amax(dim=(1, 2), keepdim=True) + 1  # (B, 1, 1) the row's max + 1
             out[layer] = torch.where(slot < self.n_sink, top, p)
         return out
+
+    @staticmethod
+    def mean_rotation(rotary, module, t: torch.Tensor) -> torch.Tensor:
+        """(B, D, D) the mean of the layer's RoPE matrices at positions t (B, F): kvpress's diag(cos) + diag(sin) P
+        with the averaged cos/sin where RoPE covers every dim in rotate-half pairs, else the model's own layout
+        (partial RoPE: the other dims pass through, as the layer leaves them; kvbench.models.prerope.rotation)."""
+        cos, sin = prerope.cos_sin(rotary, t, torch.zeros(1, device=t.device, dtype=torch.float32), module)
+        return prerope.rotation(module, cos.float().mean(1), sin.float().mean(1))
 
     def score_bytes(self, *, layers, rows, kv_heads, q_heads, pairs, head_dim, elem) -> int:
         G = q_heads // kv_heads

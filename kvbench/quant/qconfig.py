@@ -3,8 +3,9 @@ calls `check_kv_cache`; kvbench.config is not changed here).
 
     gen.kv_cache_dtype       auto (the model's dtype, no quantization) | int8 | int4 (vLLM's name for the knob)
     gen.kv_quant_group       G: numbers per scale and zero point (keys: G tokens of one channel; values: G
-                             channels of one token); it must divide the model's head_dim; unset (null): 32, or in
-                             mode=serve serve.block_size (kvbench.config.presets: a page is its key group)
+                             channels of one token); it must divide the model's head_dim (each layer kind's);
+                             unset (null): 32, or in mode=serve serve.block_size (kvbench.config.presets: a page
+                             is its key group)
     gen.kv_quant_residual    R: the newest pairs always held in full precision (the window holds R to R + G - 1
                              once a row holds R; KIVI's window holds 0 to its R, so KIVI's R = G is kvbench's 0)
 
@@ -37,11 +38,12 @@ def _count(value, least: int) -> bool:
 
 
 def check_kv_cache(kv_cache_dtype: str = "auto", group=DEFAULT_GROUP, residual=DEFAULT_RESIDUAL, *,
-                   attention: str = "auto", rerotate: bool = False, head_dim: int | None = None) -> KVQuant | None:
+                   attention: str = "auto", rerotate: bool = False, head_dim=None) -> KVQuant | None:
     """The quantized cache a run asks for (None: `auto`, the model's dtype), or a ConfigError naming the key.
 
     `attention`: gen.attention as resolved (flash refused with a quantized cache; `auto` must not resolve to flash
-    when this returns settings); `rerotate`: policy.rerotate; `head_dim`: the model's, where known (preflight).
+    when this returns settings); `rerotate`: policy.rerotate; `head_dim`: the model's, where known (preflight): one,
+    or each layer kind's (`head_dims`) where its layers differ.
     """
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ConfigError("gen.kv_cache_dtype", f"must be one of {', '.join(KV_CACHE_DTYPES)}", kv_cache_dtype)
@@ -58,16 +60,28 @@ def check_kv_cache(kv_cache_dtype: str = "auto", group=DEFAULT_GROUP, residual=D
     if rerotate:
         raise ConfigError("policy.rerotate", "re-rotation rebuilds keys from their full-precision copies, which a "
                           f"quantized cache (gen.kv_cache_dtype={kv_cache_dtype}) does not hold", True)
-    if head_dim is not None and head_dim % group:
+    dims = [] if head_dim is None else [head_dim] if isinstance(head_dim, int) else sorted(set(head_dim))
+    if any(d % group for d in dims):
         raise ConfigError("gen.kv_quant_group", f"values are grouped per token over G channels: G must divide the "
-                          f"model's head_dim {head_dim}", group)
-    if head_dim is not None and bits == 4 and head_dim % 2:
-        raise ConfigError("gen.kv_cache_dtype", f"int4 packs two codes a byte: the model's head_dim {head_dim} is odd",
+                          f"model's {_dims(dims)}", group)
+    if bits == 4 and any(d % 2 for d in dims):
+        raise ConfigError("gen.kv_cache_dtype", f"int4 packs two codes a byte: the model's {_dims(dims)} is odd",
                           kv_cache_dtype)
     return KVQuant(bits, group, residual)
 
 
-def kv_quant(gen, *, rerotate: bool = False, head_dim: int | None = None) -> KVQuant | None:
+def _dims(dims: list[int]) -> str:
+    """One head size, or every layer kind's where they differ (Gemma 4: "head_dims 256 and 512 (its layers differ)")."""
+    return f"head_dim {dims[0]}" if len(dims) == 1 else f"head_dims {' and '.join(map(str, dims))} (its layers differ)"
+
+
+def head_dims(shape) -> list[int]:
+    """Every layer kind's head size of a model (kvbench.models.family.ModelKinds or kvbench.memory.ModelShape: Gemma
+    4's sliding and global layers differ), the group must divide each."""
+    return sorted({d for _, d in shape.shapes}) if shape.shapes else [shape.head_dim]
+
+
+def kv_quant(gen, *, rerotate: bool = False, head_dim=None) -> KVQuant | None:
     """`check_kv_cache` on a run's `gen` config node (keys absent, as in records older than the knob: defaults)."""
     group = gen.get("kv_quant_group")  # null (not resolved by kvbench.config.presets): the default
     return check_kv_cache(gen.get("kv_cache_dtype", "auto"), DEFAULT_GROUP if group is None else group,

@@ -17,7 +17,7 @@ from kvbench.attention import resolve_backend
 from kvbench.budgets import head_rule
 from kvbench.errors import OutOfMemory
 from kvbench.models.loaded import LoadedModel
-from kvbench.quant.qconfig import kv_quant
+from kvbench.quant.qconfig import head_dims, kv_quant
 from kvbench.run.record import memory_fields
 from kvbench.scoring import predictions
 
@@ -32,7 +32,7 @@ def warmup_of(cfg: DictConfig, model) -> bool:
 
 def kv_quant_of(cfg: DictConfig, lm: LoadedModel):
     """gen.kv_cache_dtype's quantized cache (kvbench.quant.qconfig.KVQuant), None for the model's dtype."""
-    return kv_quant(cfg.gen, head_dim=lm.kinds.head_dim)
+    return kv_quant(cfg.gen, head_dim=head_dims(lm.kinds))
 
 
 def question_tokens(task, lm: LoadedModel, samples, ids) -> list[int] | None:

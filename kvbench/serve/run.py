@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from kvbench import memory
 from kvbench.errors import ConfigError
 from kvbench.models.geometry import model_geometry
-from kvbench.quant.qconfig import kv_quant
+from kvbench.quant.qconfig import head_dims, kv_quant
 from kvbench.scoring import predictions
 from kvbench.serve import metrics, qpool
 from kvbench.serve.budgets import RequestBudgets
@@ -81,7 +81,7 @@ def extensions(cfg: DictConfig, policy) -> list[str]:
 def execute(cfg: DictConfig, record: dict, lm, policy, task, samples, ids, memory_limit=None) -> list[dict]:
     s = cfg.serve
     policy.prepare(lm.tokenizer, lm.model)  # once per run, as kvbench.engine.generate does (DuoAttention's pattern)
-    quant = kv_quant(cfg.gen, head_dim=lm.kinds.head_dim)  # None: K/V in the model's dtype
+    quant = kv_quant(cfg.gen, head_dim=head_dims(lm.kinds))  # None: K/V in the model's dtype
     num_blocks = pool_blocks(cfg, lm, policy, memory_limit, quant)
     reqs = build_requests(ids, cfg.gen.max_new_tokens, s.rate, cfg.seed)
     out = serve(

@@ -134,3 +134,26 @@ def test_published_fetch_urls(monkeypatch):
     monkeypatch.setattr(P, "_get", down)
     with pytest.raises(ConfigError, match="could not fetch"):
         published_pattern("mistralai/Mistral-7B-Instruct-v0.3")
+
+
+def test_a_hybrid_s_linear_layers_are_left_out_of_the_ranking():
+    """round(L x H x ratio) counts the attention layers' heads only: a linear-attention row (no KV heads) is never
+    streaming and takes no share (kvpress's rule over the attention layers' table)."""
+    scores = np.array([[0.0, 0.0], [0.5, 0.1], [0.2, 0.3]])  # row 0: a linear-attention layer
+    assert streaming_heads(scores, 0.5, skip=(0,)).tolist() == [[False, False], [False, True], [True, False]]
+    assert streaming_heads(scores, 0.5).tolist() == [[True, True], [False, True], [False, False]]  # the defect
+
+
+@pytest.mark.parametrize("arch", ["qwen3.5", "qwen3-next"])
+def test_on_the_fly_on_a_hybrid_scores_its_attention_layers(arch):
+    """Calibration reads each attention layer's own pre-RoPE query (Qwen3.5's q_proj also holds the output gate) and
+    partial RoPE; a linear-attention layer scores 0 and is not ranked (it crashed reading `self_attn`)."""
+    from kvbench.models import family
+    from kvbench.models.tiny import build_tiny
+
+    model = build_tiny("t", arch=arch, device="cpu").model
+    k = family.kinds(model.config)
+    a = head_scores(model, [list(range(10, 30)), list(range(40, 52))], q_len=16)
+    assert a.shape == (2, 2) and not a[list(k.linear)].any() and (a[k.full_layers] > 0).all()
+    streaming = streaming_heads(a, 0.5, skip=k.linear)
+    assert not streaming[list(k.linear)].any() and streaming[k.full_layers].sum() == 1

@@ -189,6 +189,21 @@ def test_command_prints_the_table_and_rejects_bad_input(tmp_path):
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "plan.backends" in out.stderr, out.stderr
 
 
+def test_gemma4_s_quantization_group_is_checked_against_both_head_sizes(tmp_path):
+    """Gemma 4 31B's sliding layers have head_dim 256, its global ones 512: a group of 512 divides the global layers'
+    only and is refused in one line naming gen.kv_quant_group (kvbench-plan prints it, exit code 2) before anything is
+    planned (issue 58: a traceback from the store); 256 plans."""
+    from kvbench.errors import ConfigError
+
+    plan = ["model=gemma4-31b", "plan.gpus=1", "plan.gpu_mem_mib=81920", "plan.prompt_tokens=3584",
+            "plan.backends=[sdpa]", "gen.kv_cache_dtype=int8", "search.candidates=[1,2,4]", f"results_dir={tmp_path}"]
+    line = r"gen\.kv_quant_group=512: values are grouped .* head_dims 256 and 512 \(its layers differ\)$"
+    with pytest.raises(ConfigError, match=line):
+        capacity.plan(_compose(*plan, "gen.kv_quant_group=512"))
+    assert not read_records(tmp_path)
+    assert capacity.plan(_compose(*plan, "gen.kv_quant_group=256"))["plan"]["rows"]
+
+
 def test_the_old_memory_key_is_refused_naming_the_new_one():
     from kvbench.capacity.plan_cli import preflight
     from kvbench.errors import ConfigError

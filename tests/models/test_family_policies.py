@@ -54,3 +54,66 @@ def test_h2o_and_batch_max_compress_every_family(arch, name, prompts):
     assert max(n for sliding, _, n, _ in seen[-1] if sliding is None) < 70 + NEW - 1  # compressed
     alone = run(lm, [prompts[1]], policy, prefill_chunk=CHUNK)
     assert out.token_ids[1] == alone.token_ids[0], arch
+
+
+def policy_record(arch: str, policy: str, tmp_path, *overrides: str) -> dict:
+    """The record of a small run of `policy` (2 passkey samples of 60 context tokens, batch 2, 4 new tokens, half of
+    each prompt kept) on the tiny model of `arch`."""
+    from hydra import compose, initialize_config_dir
+
+    from kvbench import run as kvrun
+    from kvbench.config import CONF_DIR
+
+    budget = [] if policy == "duo_attention" else ["policy.kv_ratio=0.5"]  # DuoAttention: its head pattern
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["model=tiny-llama", f"model.arch={arch}", "task.n_samples=2",
+                                           "task.context_tokens=60", "gen.max_new_tokens=4", "batch_size=2",
+                                           f"policy={policy}", *budget, f"results_dir={tmp_path}", *overrides])
+    return kvrun.run(cfg)
+
+
+HYBRID_POLICIES = ("expected_attention", "kvzip", "kvzip_plus", "kvgrad", "kvzap", "compactor", "critical",
+                   "duo_attention")
+
+
+@pytest.mark.parametrize("policy", HYBRID_POLICIES)
+@pytest.mark.parametrize("arch", ["qwen3.5", "qwen3-next"])
+def test_policies_reading_the_attention_modules_run_on_a_hybrid(arch, policy, tmp_path):
+    """The policies that read each layer's attention module (its projections, its input hidden states, scoring passes)
+    compress a hybrid's attention layers; its linear-attention layers have no K/V to score (issue 58: they crashed
+    after the model loaded, reading `self_attn` of every layer)."""
+    rec = policy_record(arch, policy, tmp_path)
+    assert rec["status"] == "ok", rec["error"]
+    k = family.kinds(model(arch).model.config)
+    assert rec["compressed_layers"] == k.full_layers and k.linear and rec["kv_kept_share"] < 1
+
+
+def test_compactor_runs_on_gemma4_s_two_layer_shapes(tmp_path):
+    """Compactor reads each layer's own K/V heads and head size (Gemma 4's global layer: 1 x 32, its sliding one
+    2 x 16), not the config's (transformers refuses `num_key_value_heads` there: issue 58)."""
+    rec = policy_record("gemma4", "compactor", tmp_path, "task.context_tokens=80")
+    assert rec["status"] == "ok", rec["error"]
+    assert rec["compressed_layers"] == [1] and rec["kv_kept_share"] < 1
+
+
+@pytest.mark.parametrize("arch", ["glm4", "glm4-moe", "qwen3.5"])
+def test_expected_attention_runs_and_serves_with_partial_rope(arch, tmp_path, prompts):
+    """ExpectedAttention on partial RoPE (GLM-4: half the dims, interleaved; Qwen3.5: a quarter) runs to a true record,
+    and serve mode (where it serves the family) gives the static engine's tokens (issue 58: its D x D rotation was
+    built from the rotary dims only)."""
+    from kvbench import engine
+    from kvbench.policies import ExpectedAttention
+    from kvbench.serve.engine import serve
+    from tests.serve.test_engine import requests
+
+    rec = policy_record(arch, "expected_attention", tmp_path)
+    assert rec["status"] == "ok", rec["error"]
+    assert rec["kv_kept_share"] < 1
+    lm = model(arch)
+    if family.kinds(lm.model.config).plain:  # serve mode runs full-attention models only (Qwen3.5: refused)
+        policy = ExpectedAttention(kv_size=16, n_future_positions=64)
+        want = engine.generate(lm.model, lm.tokenizer, prompts[:2], policy, batch_size=1, max_new_tokens=6,
+                               eos_token_ids=[]).token_ids
+        reqs = requests(prompts[:2], 6)
+        out = serve(lm.model, reqs, policy, num_blocks=400, block_size=1, max_tokens_per_step=64)
+        assert out.evicted_blocks > 0 and [r.output for r in reqs] == want

@@ -180,3 +180,78 @@ def test_shipped_qwen35_configs_plan_their_state_apart(name, linear, state, kv_t
     if name == "qwen35-27b":  # docs/models.md states this plan's state per sequence
         docs = (Path(__file__).parents[2] / "docs" / "models.md").read_text()
         assert f"{state:,} bytes ({state / 2**20:.2f} MiB) per sequence" in docs
+
+
+def _qwen3_next_three_layers():
+    """A tiny Qwen3-Next of 3 layers (attention, linear, attention): its last attention layer reads a linear state."""
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from kvbench.models.tiny import byte_tokenizer, tiny_config
+
+    fields = {k: v for k, v in tiny_config("qwen3-next").to_dict().items() if k not in ("model_type", "layer_types")}
+    cfg = AutoConfig.for_model("qwen3_next", **{**fields, "num_hidden_layers": 3,
+                                                 "layer_types": ["full_attention", "linear_attention", "full_attention"]})
+    torch.manual_seed(0)
+    return SimpleNamespace(model=AutoModelForCausalLM.from_config(cfg).eval(), tokenizer=byte_tokenizer())
+
+
+@pytest.mark.parametrize("arch", ["qwen3.5", "qwen3-next"])
+def test_scoring_passes_continue_from_each_row_s_linear_state(arch, prompts, monkeypatch):
+    """KVzip's passes over a hybrid (several per row, of different lengths: rows padded in each round): the hidden
+    states entering every attention layer are the model's own reading the pass's tokens right after the row's
+    context (transformers' forward of context + pass ids, the row alone). Without the context's linear-attention state
+    the pass would be a model that never read the context at those layers. The passes leave the state as it was."""
+    from kvbench.attention import attention_modules
+    from kvbench.attention.pass_step import run_rows
+    from kvbench.cache import linear_state
+    from kvbench.engine import scoring_passes
+    from kvbench.policies import KVzip
+
+    lm = model(arch) if arch == "qwen3.5" else _qwen3_next_three_layers()
+    policy = KVzip(kv_size=None, kv_ratio=0.5, chunk_size=20)
+    contexts, seen = [], []
+    passes, pass_scores = KVzip.scoring_passes, KVzip.pass_scores
+    monkeypatch.setattr(KVzip, "scoring_passes", lambda self, ctx: contexts.append((ctx, passes(self, ctx))) or
+                        contexts[-1][1])
+    monkeypatch.setattr(KVzip, "pass_scores", lambda self, ctx: seen.append((ctx.layer, ctx.hidden, ctx.real)) or
+                        pass_scores(self, ctx))
+    states = lambda linear: [t.clone() for la in linear.values() for t in linear_state.tensors(la)]  # noqa: E731
+    untouched = []
+
+    def rows(model, held, policy, state, per_row, seen_, pad_id, linear=None):  # the passes leave the state as it was
+        before = states(linear)
+        run_rows(model, held, policy, state, per_row, seen_, pad_id, linear)
+        untouched.append(all(torch.equal(a, b) for a, b in zip(before, states(linear), strict=True)))
+
+    monkeypatch.setattr(scoring_passes, "run_rows", rows)
+    run(lm, prompts, policy, max_new_tokens=2)
+    assert untouched == [True]
+    assert len({len(p) for _, p in contexts}) == 2  # the rows have different numbers of passes
+    modules = attention_modules(lm.model)
+    layers = [i for i, m in enumerate(modules) if m is not None]
+    captured = {}
+
+    def keep(module, args, kwargs):
+        captured[module.layer_idx] = kwargs["hidden_states"][0]
+
+    hooks = [modules[i].register_forward_pre_hook(keep, with_kwargs=True) for i in layers]
+    try:
+        rounds = iter(seen)
+        for r in range(max(len(p) for _, p in contexts)):
+            for layer in layers:
+                at, hidden, real = next(rounds)
+                assert at == layer
+                for b, (ctx, rows) in enumerate(contexts):
+                    if r >= len(rows):
+                        assert not real[b].any()
+                        continue
+                    ids = rows[r].ids
+                    with torch.no_grad():
+                        lm.model(input_ids=torch.tensor([ctx + ids]))
+                    torch.testing.assert_close(hidden[b][real[b]], captured[layer][len(ctx):], rtol=1e-4,
+                                               atol=1e-4)
+    finally:
+        for h in hooks:
+            h.remove()

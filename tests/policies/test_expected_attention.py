@@ -7,6 +7,8 @@ merged chunk by chunk (Chan's formula) are the statistics of all the queries at 
 from __future__ import annotations
 
 import functools
+import types
+from typing import ClassVar
 
 import pytest
 import torch
@@ -14,6 +16,8 @@ import torch
 from kvbench.attention import kv_attention
 from kvbench.engine import generate
 from kvbench.models import prerope
+from kvbench.models.tiny import FAMILY_ARCHS
+from kvbench.policies.compactor import Compactor
 from kvbench.policies.expected_attention import ExpectedAttention
 from kvbench.policies.needs import Observation
 from tests import kvpress_tiny as T
@@ -83,3 +87,91 @@ def test_statistics_merged_chunk_by_chunk_are_all_queries_at_once():
         assert state["count"][row, 0] == x.shape[1]
         torch.testing.assert_close(state["mean"][row], mu, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(state["m2"][row] / x.shape[1], cov, rtol=1e-4, atol=1e-5)
+
+
+# --------------------------------------------------------------- each family's RoPE (partial, interleaved, NoPE)
+
+
+def _phi4_mini_shape():
+    """A tiny Phi-3 with Phi-4-mini's partial rotary factor 0.75 (12 of 16 dims rotate) and no window."""
+    from transformers import AutoModelForCausalLM
+
+    from kvbench.models.tiny import byte_tokenizer, tiny_config
+
+    cfg = tiny_config("phi3")
+    cfg.rope_parameters = {**cfg.rope_parameters, "partial_rotary_factor": 0.75}
+    torch.manual_seed(0)
+    return types.SimpleNamespace(model=AutoModelForCausalLM.from_config(cfg).eval(), tokenizer=byte_tokenizer())
+
+
+def _check_rope(obs, errors: list) -> None:
+    """That the layer's RoPE matrix (kvbench.models.prerope.rotation at the forward's positions) turns the pre-RoPE
+    queries and keys into those the model's attention computed (max abs error over the real positions)."""
+    cos, sin = prerope.cos_sin(obs.rotary, obs.positions, obs.hidden.float(), obs.module)  # (B, T, C)
+    R = prerope.rotation(obs.module, cos, sin)[:, None]  # (B, 1, T, D, D)
+    real = obs.real[:, None, :, None]
+    for pre, post in ((prerope.queries(obs.module, obs.hidden), obs.query),
+                      (prerope.keys(obs.module, obs.hidden), obs.key)):
+        rotated = (R @ pre.float()[..., None])[..., 0]  # (B, H, T, D)
+        errors.append(float(((rotated - post.float()) * real).abs().max()))
+
+
+class RopeCheck(ExpectedAttention):
+    """ExpectedAttention that also checks each layer's RoPE matrix at every layer of every forward."""
+
+    errors: ClassVar[list] = []
+
+    def observe(self, obs):
+        _check_rope(obs, self.errors)
+        return super().observe(obs)
+
+
+class CompactorRopeCheck(Compactor):
+    """Compactor (its pre-RoPE keys) with the same check: it runs where layers differ in shape (Gemma 4)."""
+
+    errors: ClassVar[list] = RopeCheck.errors
+
+    def observe(self, obs):
+        _check_rope(obs, self.errors)
+        return super().observe(obs)
+
+
+ROPE_ARCHS = [a for a in FAMILY_ARCHS if a not in ("gemma3-bidirectional", "gemma4", "ministral3")]
+
+
+@pytest.mark.parametrize("arch", ["llama", "phi4-mini-shape", *ROPE_ARCHS, "gemma4"])
+def test_each_layer_s_rope_matrix_is_the_model_s(arch):
+    """Full, partial (GLM-4 0.5 interleaved, Phi-4-mini 0.75, Qwen3.5 0.25, Gemma 4's global layers), interleaved
+    (Cohere), halved (gpt-oss), per-layer-type (Gemma 3) and NoPE layers (SmolLM3, EXAONE 4): R q_pre is the query the
+    attention computed, R k_pre the key, at every position (Ministral 3 also scales its queries by position, which R
+    leaves out). Gemma 4 (layers of two shapes, refused to ExpectedAttention) through Compactor's pre-RoPE keys."""
+    from tests.models.test_family import model
+
+    lm = _phi4_mini_shape() if arch == "phi4-mini-shape" else model(arch)
+    RopeCheck.errors.clear()
+    policy = CompactorRopeCheck(kv_size=12) if arch == "gemma4" else RopeCheck(kv_size=12)
+    out = generate(lm.model, lm.tokenizer, [T.prompt_ids(40, seed=1), T.prompt_ids(29, seed=4)],
+                   policy, 2, max_new_tokens=3, eos_token_ids=[], prefill_chunk=16)
+    assert all(len(t) == 3 for t in out.token_ids)
+    assert RopeCheck.errors and max(RopeCheck.errors) < 1e-4, arch
+
+
+@pytest.mark.parametrize("arch", ["llama", "glm4", "qwen3.5", "cohere", "gpt-oss"])
+def test_the_averaged_rope_is_the_mean_of_the_matrices_and_kvpress_s_on_full_rope(arch):
+    """ExpectedAttention's R (the mean over the next 512 positions) is the mean of the per-position matrices; with
+    RoPE over every dim in rotate-half pairs (Llama) it is kvpress's diag(cos) + diag(sin) P."""
+    from kvbench.attention import attention_modules
+    from tests.models.test_family import model
+
+    m = model(arch).model
+    module = next(a for a in attention_modules(m) if a is not None)
+    rotary = m.get_decoder().rotary_emb
+    t = torch.tensor([[37], [100]]) + torch.arange(512)  # (B, F)
+    R = ExpectedAttention.mean_rotation(rotary, module, t)  # (B, D, D)
+    cos, sin = prerope.cos_sin(rotary, t, torch.zeros(1), module)
+    torch.testing.assert_close(R, prerope.rotation(module, cos, sin).mean(1), rtol=1e-5, atol=1e-6)
+    if arch == "llama":
+        D = module.head_dim
+        P = torch.zeros(D, D)
+        P[D // 2:, :D // 2], P[:D // 2, D // 2:] = torch.eye(D // 2), -torch.eye(D // 2)
+        assert torch.equal(R, torch.diag_embed(cos.mean(1)) + sin.mean(1)[:, :, None] * P)

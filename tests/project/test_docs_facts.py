@@ -96,7 +96,8 @@ REFUSED = {
     "`gen.kv_cache_dtype` `int8` or `int4` with `policy.rerotate=true`": replace(BASE, kv_cache="int8", rerotate=True),
     "`gen.kv_cache_dtype` `int8` or `int4` with `gen.attention=flash`":
         [*TINY, "gen.kv_cache_dtype=int4", "gen.kv_quant_group=16", "gen.attention=flash"],
-    "`gen.kv_quant_group` that does not divide the model's head size": [*TINY, "gen.kv_cache_dtype=int8"],
+    "`gen.kv_quant_group` that does not divide the model's head size (each layer kind's: Gemma 4's sliding and "
+    "global layers differ)": [*TINY, "gen.kv_cache_dtype=int8"],
     "`gen.kv_quant_group` or `gen.kv_quant_residual` away from its default with `gen.kv_cache_dtype=auto` (a single "
     "run; a sweep ignores it there)": [*TINY, "gen.kv_quant_residual=16"],
     "`policy.head_budget=adaptive`, `global`, `layerwise` (KVzip's default and its other ranking) or `threshold` "
