@@ -4,8 +4,8 @@ and its refusal, before anything runs, on those whose RoPE is not (kvbench.model
 Checked like tests/cache/test_rotate.py on layer 0, whose keys depend only on the token and the position: after
 every eviction each kept key equals the key transformers itself computes for that token at the key's slot (a
 forward of the model over the kept tokens at positions 0..n-1, its own cache's layer-0 keys). GLM-4-MoE rotates a
-partial rotary half with q/k norms, Qwen3-MoE normalises q and k. GLM-4 rotates interleaved pairs and a NoPE layer
-no pair at all: with their refusal switched off, the same comparison fails, which is why they are refused.
+partial rotary half with q/k norms, Qwen3-MoE normalises q and k. GLM-4 and Cohere rotate interleaved pairs and a
+NoPE layer no pair at all: with their refusal switched off, the same comparison fails, which is why they are refused.
 """
 
 from __future__ import annotations
@@ -83,6 +83,7 @@ def _nope_smollm3():
 
 @pytest.mark.parametrize("build,fragment", [
     (lambda: build_tiny("tiny-glm4", arch="glm4", device="cpu"), "interleaved pairs"),
+    (lambda: build_tiny("tiny-cohere", arch="cohere", device="cpu"), "interleaved pairs"),
     (_nope_smollm3, "NoPE"),
 ])
 def test_rerotation_is_refused_where_it_would_be_wrong(build, fragment, monkeypatch):
@@ -92,6 +93,26 @@ def test_rerotation_is_refused_where_it_would_be_wrong(build, fragment, monkeypa
     for where in (adapter, geometry):  # the defect the refusal prevents: re-rotating anyway
         monkeypatch.setattr(where, "rope_problem", lambda config: None)
     assert rerotation_error(lm) > 1e-2
+
+
+def test_interleaved_rope_lists_every_family_whose_rotation_pairs_neighbours():
+    """INTERLEAVED_ROPE is the families whose transformers `rotate_half` pairs (x0, x1), (x2, x3)... (read from its
+    source, so a family added with GPT-J-style RoPE and not listed fails here)."""
+    import importlib
+    import inspect
+
+    from kvbench.models.family.table import FAMILIES, INTERLEAVED_ROPE
+
+    found = set()
+    for model_type in FAMILIES:
+        try:
+            module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+        except ModuleNotFoundError:  # a text config of a multimodal family (gemma3_text): its parent's module
+            continue
+        rotate_half = getattr(module, "rotate_half", None)
+        if rotate_half is not None and "::2]" in inspect.getsource(rotate_half):
+            found.add(model_type)
+    assert found == set(INTERLEAVED_ROPE)
 
 
 def test_refusals_of_rerotation_name_the_reason():

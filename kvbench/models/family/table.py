@@ -38,7 +38,7 @@ SOFTCAP = {"gemma2": "attn_logit_softcapping"}  # families whose attention soft-
 WINDOW_SWITCH = {"smollm3": "use_sliding_window"}  # its sliding layers are windowed only when this field is true
 LAYER_KINDS = ("full_attention", "sliding_attention")
 LINEAR_KINDS = ("linear_attention",)  # HYBRID families: Gated-DeltaNet layers with a fixed state per sequence
-INTERLEAVED_ROPE = ("glm4",)  # RoPE on interleaved pairs (x0, x1), (x2, x3)... (GPT-J style), not rotate-half
+INTERLEAVED_ROPE = ("cohere", "glm4")  # RoPE on interleaved pairs (x0, x1), (x2, x3)... (GPT-J style), not rotate-half
 
 # Families researchers load whose cache is not per-layer K/V of one head size: why kvbench refuses each
 _HYBRID = "hybrid model: its {what} layers (layer_types {kind!r}) hold a fixed recurrent state per sequence, " \
