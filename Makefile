@@ -8,7 +8,7 @@ KVPRESS_VENV := .venv-kvpress
 KVPRESS_STAMP := $(KVPRESS_VENV)/.installed
 # torch: the CPU wheel this machine has on disk; on a GPU machine use e.g. `make install TORCH_SPEC=torch`
 TORCH_SPEC ?= torch==2.13.0
-# the local dataset mirror, when there is one (used by the demo and the real-task scripts)
+# the local dataset mirror, when there is one (used by `make demo ALL=1` and the real-task scripts)
 DATA_DIR ?= $(wildcard ../shared/data)
 
 .PHONY: help install test test-slow test-matrix test-product wheel-check demo lint reproduce-mini clean gpu-check crosscheck docs docs-build
