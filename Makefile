@@ -8,7 +8,7 @@ KVPRESS_VENV := .venv-kvpress
 KVPRESS_STAMP := $(KVPRESS_VENV)/.installed
 # torch: the CPU wheel this machine has on disk; on a GPU machine use e.g. `make install TORCH_SPEC=torch`
 TORCH_SPEC ?= torch==2.13.0
-# the local dataset mirror, when there is one (used by the demo and the real-task scripts)
+# the local dataset mirror, when there is one (used by `make demo ALL=1` and the real-task scripts)
 DATA_DIR ?= $(wildcard ../shared/data)
 
 .PHONY: help install test test-slow test-matrix test-product check-policy check-policy-full check-family wheel-check demo lint reproduce-mini clean gpu-check crosscheck docs docs-build
@@ -83,8 +83,8 @@ check-family: install ## one tiny model family's checks (ARCH=<its FAMILY_ARCHS 
 wheel-check: install ## build the wheel, check it, install it in a throwaway venv and run kvbench from outside the checkout (CI)
 	scripts/wheel_check.sh
 
-demo: install ## a small comparison of the policies on the default model (prints a table; records in outputs/demo, or RESULTS_DIR)
-	$(BIN)/python -m kvbench.demo $(if $(DATA_DIR),data.dir=$(DATA_DIR)) $(if $(RESULTS_DIR),results_dir=$(RESULTS_DIR))
+demo: install ## the paper's point at one memory limit on passkey (prints a table); ALL=1: every policy (slow); records in outputs/demo, or RESULTS_DIR
+	$(BIN)/python -m kvbench.demo $(if $(ALL),--all $(if $(DATA_DIR),data.dir=$(DATA_DIR))) $(if $(RESULTS_DIR),results_dir=$(RESULTS_DIR))
 
 gpu-check: install ## on a CUDA machine: GPU acceptance checks, one JSON line each (<15 min); no GPU: exit 77 (skipped)
 	@$(BIN)/kvbench-gpu-check

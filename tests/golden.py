@@ -5,7 +5,7 @@ rebuilt, so a refactor can show it changed nothing.
 - for every combination of the matrix's default cover (tests/matrix.py, `pairwise(seed=0)`) that runs in
   mode run or serve: its command line, its `config_hash` and every sample's generated token ids;
 - for every combination refused by the preflight outside serve mode: the one line it printed;
-- the `config_hash` of every run `make demo` composes (passkey and CNN/DM).
+- the `config_hash` of every run `make demo ALL=1` composes (passkey and CNN/DM).
 tests/project/test_golden.py replays the command lines and compares. Keys are the command lines, not the combos'
 ids, so adding an axis to the matrix does not orphan the snapshot. The mirror lives at a fixed path
 (`MIRROR`), because `data.dir` is part of a run's identity.

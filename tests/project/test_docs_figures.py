@@ -467,23 +467,53 @@ def test_mini_eager_max_batch_table():
 
 
 # ------------------------------------------------------------------------------------------ the demo
-def test_demo_table_and_prompt_length():
-    from kvbench.demo import table
+def test_demo_table_and_prose():
+    from kvbench.demo import setting, table
 
     recs = lines("results/demo/runs.jsonl")
-    states("results/demo/README.md", *[x for x in table(recs).splitlines() if x.strip()])
-    passkey = [r for r in recs if r["task"] == "passkey"]
-    (length,) = {(r["prompts"]["tokens_min"], r["prompts"]["tokens_max"]) for r in passkey}
-    assert length[0] == length[1]
-    (n,) = {r["prompts"]["n"] for r in passkey}
-    for doc, phrase in (("README.md", f"({n} prompts of {length[0]} tokens, batch 4)"),
-                        ("docs/getting-started.md", f"({n} prompts of {length[0]} tokens with a 5-digit"),
-                        ("results/demo/README.md", f"({n} prompts of {length[0]} tokens with a"),
-                        ("docs/policies.md", f"per-token eviction in the demo's {length[0]}-token prefill is slow")):
-        states(doc, phrase)
-    snap = one(passkey, policy="snapkv")
-    states("results/demo/README.md", f"SnapKV's {snap['metrics']['accuracy']:.3f} on {n} passkey samples has the interval "
-                                     "[{:.3f}, {:.3f}]".format(*snap["metrics"]["accuracy_ci"]))
+    doc = "results/demo/README.md"
+    states(doc, setting(recs), *[x for x in table(recs).splitlines() if x.strip()])
+    (p,) = {json.dumps(r["prompts"]) for r in recs}
+    p = json.loads(p)
+    assert p["tokens_min"] == p["tokens_max"]
+    (new,) = {r["max_new_tokens"] for r in recs}
+    by = {(r["policy"], r["kv_size"]): r for r in recs}
+    fkv, ed, bm, bm_small = by["full", None], by["extreme_decode", 2], by["batch_max", 512], by["batch_max", 256]
+    tput = {k: r["throughput_tok_s"] for k, r in by.items()}
+    found = {k: round(r["metrics"]["accuracy"] * r["n_samples"]) for k, r in by.items()}
+    n = p["n"]
+    for d in ("README.md", "docs/getting-started.md", doc):
+        states(d, f"({n} prompts of {p['tokens_min']} tokens")
+    states("docs/policies.md", f"per-token eviction in the demo's {p['tokens_min']}-token prefill is slow")
+    states("docs/getting-started.md", f"{new} new tokens each with EOS ignored",
+           f"fits {fkv['config']['memory']['limit_gb']} GiB")
+    states("README.md", f"{n} prompts of {p['tokens_min']} tokens, {new} new tokens each",
+           f"Batch-Max at kv=512 fit {bm['batch_size']} prompts where the full cache and ED fit {fkv['batch_size']}",
+           f"ran {tput['batch_max', 512] / tput['full', None]:.2f}x the full cache's tokens/s finding every key",
+           f"at kv=256 it fit {bm_small['batch_size']} and ran {tput['batch_max', 256] / tput['full', None]:.2f}x, "
+           f"but found {found['batch_max', 256]} of {n} keys")
+    assert ed["batch_size"] == fkv["batch_size"] and found["batch_max", 512] == found["full", None] == n
+    assert {r["search"]["first_oom_batch_size"] for r in (fkv, ed)} == {6}
+    assert bm_small["batch_size"] == n and bm_small["search"]["first_oom_batch_size"] is None
+    hits = {k: [json.loads(x)["score"]["accuracy"] for x in (ROOT / r["scores_path"]).read_text().splitlines()]
+            for k, r in by.items()}
+    latest = [i for i, v in enumerate(hits["batch_max", 256]) if v]  # passkey: sample i's key at 0.1 + 0.8 i / (n - 1)
+    assert latest == list(range(n - len(latest), n)) and hits["streaming_llm", 256] == hits["batch_max", 256]
+    depth = 0.1 + 0.8 * latest[0] / (n - 1)
+    states(doc, f"The full cache and ED both fit {fkv['batch_size']} prompts, not 6",
+           f"(peak KV {ed['peak_kv_bytes'] / 2**20:.1f} MB against {fkv['peak_kv_bytes'] / 2**20:.1f} MB)",
+           f"Batch-Max at kv=512 fits {bm['batch_size']}, at kv=256 {bm_small['batch_size']} (all the prompts",
+           f"Batch-Max at kv=512 runs {tput['batch_max', 512] / tput['full', None]:.2f}x the full cache's tokens/s and "
+           f"{tput['batch_max', 512] / tput['extreme_decode', 2]:.2f}x ED's",
+           f"every key the full cache finds ({n} of {n})",
+           f"kv=256 it runs {tput['batch_max', 256] / tput['full', None]:.2f}x the full cache's tokens/s, but finds "
+           f"{found['batch_max', 256]} of {n} keys",
+           f"at 256 pairs of the {p['tokens_max'] + new} the full cache holds Batch-Max finds only the "
+           f"{len(latest)} keys placed latest (depths {depth:.2f} to 0.90)",
+           f"TOVA, under the same schedule and budget, finds {found['tova', 256]}, H2O {found['h2o', 256]}",
+           "TOVA's {:.3f} has the interval [{:.3f}, {:.3f}]".format(by["tova", 256]["metrics"]["accuracy"],
+                                                                   *by["tova", 256]["metrics"]["accuracy_ci"]),
+           f"its {len(recs)} runs took {sum(r['wall_s'] for r in recs):.0f} s in all")
 
 
 # -------------------------------------------------------------------------------------- cross-check

@@ -1,6 +1,6 @@
 """Behaviour unchanged by the refactor (issue 35): the configuration matrix's runs give the hashes and the
 token ids, and its refusals the lines, that tests/data/golden.json holds (captured by `python -m tests.golden`
-on the commit before the house was rebuilt); `make demo`'s runs keep their config hashes.
+on the commit before the house was rebuilt); `make demo ALL=1`'s runs keep their config hashes.
 
 The sides are independent: the snapshot was written by the old code, the replay runs the new.
 """
