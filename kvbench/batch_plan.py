@@ -100,6 +100,13 @@ class BatchPlan:
                                    else r.budget.to(torch.long).cpu() for r in self.rooms]) if rooms else None  # (G, B)
 
     def __iter__(self) -> Iterator[Step]:
+        return (step for step, _ in self.runs(collapse=False))
+
+    def runs(self, collapse: bool = True) -> Iterator[tuple[Step, int]]:
+        """(step, n): every step once, where a decode step is followed by n - 1 quiet ones (no trim, eviction or
+        resize before them: their keys grow by one a forward, nothing else changes), folded into it. The account
+        reads these (what the steps it skips would charge is the last one's, at most), in as many iterations
+        as the batch has actions, whatever max_new_tokens is; the engine iterates one step per forward."""
         p, B = self.policy, self.batch_size
         G = len(self.rooms)
         self.load = torch.zeros(G, B, dtype=torch.long, device="cpu")  # (G, B) pairs per head on average
@@ -109,13 +116,28 @@ class BatchPlan:
         agnostic = self.question is not None
         last = len(self.chunks) - 1
         for k, r in enumerate(self.chunks):
-            yield self._step("prefill", r, not agnostic and k == last, self._before(r, prefill=True))
+            yield self._step("prefill", r, not agnostic and k == last, self._before(r, prefill=True)), 1
         if agnostic:
             q = self.question
-            yield self._step("question", q, True, self._trims(q) + self._compress(q), evicts=p.evicts)
+            yield self._step("question", q, True, self._trims(q) + self._compress(q), evicts=p.evicts), 1
         ones = torch.ones(B, dtype=torch.long, device="cpu")
-        for i in range(1, self.max_new_tokens):
-            yield self._step("decode", ones, True, self._before(ones, prefill=False, first=i == 1 and not agnostic))
+        i = 1
+        while i < self.max_new_tokens:
+            step = self._step("decode", ones, True, self._before(ones, prefill=False, first=i == 1 and not agnostic))
+            n = 1 + min(self._quiet(), self.max_new_tokens - 1 - i) if collapse and i > 1 else 1
+            self.load += n - 1
+            self.most += n - 1
+            yield step, n
+            i += n
+
+    def _quiet(self) -> int:
+        """How many of the next decode steps have nothing before them: no windowed group outgrows its slots and no
+        row reaches its budget (after_prefill evicts at the first decode step only, handled by the caller)."""
+        room = [c - int(self.most[gi].max()) for gi, c in enumerate(self.caps) if self.rooms[gi].window is not None]
+        if self.policy.evicts and not self.policy.once:
+            full = [gi for gi, r in enumerate(self.rooms) if r.window is None]
+            room += [int((self.budget[full] - self.load[full]).min())] if full else []
+        return max(0, min(room, default=self.max_new_tokens))
 
     # ------------------------------------------------------------------ one step
     def _step(self, kind: str, r: torch.Tensor, logits: bool, before: list[Action], evicts: bool | None = None) -> Step:

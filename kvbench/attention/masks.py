@@ -17,7 +17,7 @@ def keep_mask(step, T: int, N: int, device) -> torch.Tensor | None:
     if step.mask is not None:
         return step.mask
     if step.causal:  # a first block of T == N real tokens per sample
-        return torch.ones(T, N, dtype=torch.bool, device=device).tril(N - T)[None, None]
+        return torch.ones(T, N, dtype=torch.bool, device=device).tril_(N - T)[None, None]  # one (T, N) tensor
     return None
 
 

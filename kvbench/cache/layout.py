@@ -83,6 +83,23 @@ def layout_forward(groups, seen: torch.Tensor, r: torch.Tensor, width: int) -> t
     return shared, per_group
 
 
+def visible(thresh: torch.Tensor, T: int, N: int, window: int | None) -> torch.Tensor:
+    """(B, T, N) bool: chunk row i of sample b sees slot c iff c - i <= thresh_b (and c - i > thresh_b - W in a band).
+
+    The mask is the one (B, T, N) tensor allocated (what the memory account charges): the comparison writes bools
+    straight from (B, T) and (N,) vectors, and the band is cut in place. A slot c is out of row i's window iff
+    slot c + W is visible to it, so the band is M[c] xor M[c + W]; the blocks of W slots are cut left to right,
+    each before the block it reads is (at most 1 + T / W blocks: a windowed group holds W - 1 + T slots).
+    """
+    last = torch.arange(T, device=thresh.device)[None, :] + thresh[:, None]  # (B, T): the last slot each row sees
+    mask = torch.arange(N, device=thresh.device) <= last[:, :, None]  # (B, T, N)
+    if window is not None:
+        for c in range(0, N - window, window):
+            w = min(window, N - window - c)
+            mask[..., c : c + w] ^= mask[..., c + window : c + window + w]
+    return mask
+
+
 def to_device(parts: dict[str, torch.Tensor | None], device: torch.device,
               pack: bool | None = None) -> dict[str, torch.Tensor | None]:
     """Host tensors (integer or bool) moved to `device` in ONE copy that never waits for the device.
@@ -132,13 +149,8 @@ def step(shared: dict, mine: dict, device: torch.device, dev: dict | None = None
     B, T = shared["real"].shape
     mask = None
     if mine["thresh"] is not None:
-        q = torch.arange(shared["T"], device=device)
-        k = torch.arange(mine["n_keys"], device=device)
-        thresh = dev[f"thresh{i}"]
-        d = k[None, None, :] - q[None, :, None] - thresh[:, None, None]  # (B, T, N): c - i - thresh
-        mask = d <= 0
-        if mine["window"] is not None:  # the band: q_pos - k_pos < W
-            mask &= d > -mine["window"]
+        mask = visible(dev[f"thresh{i}"], shared["T"], mine["n_keys"], mine["window"])
+        if mine["window"] is not None:
             mask[:, :, 0] |= ~dev["real"]  # pad rows see slot 0 (never empty; discarded)
         else:
             mask[:, :, 0] = True

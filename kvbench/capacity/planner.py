@@ -20,6 +20,7 @@ from kvbench.capacity.node import check, node_of
 from kvbench.capacity.placement import placed_shape, placement, spec_of
 from kvbench.capacity.plan_prompts import prompt_lengths
 from kvbench.config import build_task, prepare, search_candidates
+from kvbench.config.positions import check_positions, check_task_positions
 from kvbench.quant.qconfig import head_dims, kv_quant
 from kvbench.run.record import plan_record
 
@@ -28,10 +29,13 @@ def plan_inputs(cfg: DictConfig):
     """(node, spec, meta model, placed ModelShape, prompt lengths, their source) of a checked config."""
     node = node_of(cfg)
     spec = spec_of(cfg, node)
+    check_task_positions(cfg, spec.config)  # a RULER context past the model's positions: before its prompts
+    lengths, source = prompt_lengths(cfg)
+    check_positions(cfg, spec.config, lengths, "task.max_input_tokens" if cfg.plan.prompt_tokens is None
+                    else "plan.prompt_tokens")  # before the account replays max_new_tokens decode steps
     model = spec.meta_model()
     shape = placed_shape(model, placement(model, spec, node))
     shape = replace(shape, kv_quant=kv_quant(cfg.gen, head_dim=head_dims(shape)))  # gen.kv_cache_dtype's cache
-    lengths, source = prompt_lengths(cfg)
     return node, spec, model, shape, lengths, source
 
 

@@ -10,6 +10,9 @@ preflight for every job of a command line and again by the runner:
   no windowed layer;
 - then the model's files can be had: a Hub model is in the local cache or the Hub answers within seconds (no
   retries: one line saying how to get it);
+- the positions the model's config declares (kvbench.config.positions; mode=run and serve): a RULER
+  `task.context_length` (checked before the model's files are asked for), each prompt, and prompt +
+  `gen.max_new_tokens`;
 - the prompts: the task's samples rendered with the model's tokenizer alone (no weights,
   kvbench.config.prompt_lengths), so a task limit that cannot be met (`task.max_input_tokens` below a prompt's
   fixed part) or a row that renders empty stops here, not after loading; the model's family is checked
@@ -33,6 +36,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from kvbench.config.groups import build_policy
+from kvbench.config.positions import check_positions, check_task_positions
 from kvbench.config.prompt_lengths import NOT_TOKENIZER, prompt_lengths, question_lengths
 from kvbench.errors import ConfigError
 from kvbench.results import RUNS, probe_writable
@@ -48,8 +52,13 @@ def check_run(cfg: DictConfig) -> list[int] | None:
     check_available(cfg)  # what reading the model's config needs (the default model's package)
     check_family(cfg)  # from the config alone (shipped for the `model=` choices): before the weights' files
     check_rope(cfg)
+    generates = cfg.mode in ("run", "serve")
+    if generates:  # a RULER context past the model's positions, before its prompts are rendered
+        check_task_positions(cfg, model_config(cfg))
     check_loadable(cfg)
     lengths = prompt_lengths(cfg)
+    if generates:  # prompt + gen.max_new_tokens within them (kvbench.config.positions)
+        check_positions(cfg, model_config(cfg), lengths)
     if lengths is not None:
         check_family(cfg, max(lengths, default=0) + cfg.gen.max_new_tokens)
         check_prompt_rope(cfg, lengths)

@@ -28,15 +28,15 @@ I MLP width, V vocabulary, Hq / H query / KV heads, D head dim, L layers on the 
                           flash kernel's per-thread blocks; CUDA: the logsumexp B·Hq·T·4) + on CUDA
                           with GQA, K/V expanded per query head 2·B·Hq·N·D·e (no fused kernel takes
                           GQA and a mask; charged for every forward, masked or not: an upper bound);
-                          scores (scored policies) 2·B·T·Hq·D·e + B·Hq·t·(N·a + D·e) + O(B·H·N),
-                          a = max(4, e), t = min(T, 2·score_chunk) (a chunk's scores are computed
-                          while the previous chunk's are alive);
+                          scores (scored policies) 2·B·T·Hq·D·e + B·Hq·t·(N·c + D·e) + B·t·N + O(B·H·N),
+                          t = min(T, score_chunk) (one chunk's scores at a time), c = max(8, e + 4)
+                          (float32 logits and softmax's output; float64's logits and their float32 copy);
                           (those two are `attention="sdpa"`, the default; "flash" drops the float
                           mask; the other backends replace both:)
                           eager B·T·Hq·D·e + repeat_kv 2·B·Hq·N·D·e (GQA) + S·c, S = B·Hq·T·N,
-                          c = 8 (float32), 8 (half: logits and softmax's float32 output; the CPU kernel
-                          and CUDA's float16 one upcast as they read; 10 for bfloat16 on CUDA, assumed
-                          to copy its input to float32, not measured), 20 (float64);
+                          c = 8 (float32), 10 (half: logits, softmax's float32 copy of them and its
+                          output, measured on CPU; 8 for float16 on CUDA, whose kernel upcasts as it
+                          reads), 20 (float64);
                           or the output, its transposed copy and the query, 3·B·T·Hq·D·e;
                           fused 2·B·T·Hq·D·e + B·Hq·min(T, score_chunk)·N·2a + B·min(T, chunk)·N + O(B·H·N)
                           (models with sinks or soft-capping, which always run it: N + 1 keys, 3a);
@@ -56,6 +56,7 @@ I MLP width, V vocabulary, Hq / H query / KV heads, D head dim, L layers on the 
           + the larger of (the scores, sort and gather above) and (the policy's own score computation,
           `Policy.score_bytes`, e.g. SnapKV's window logits, + its result)
       decode_only resize: the kv_size-slot cache, built while the prompt-sized one is alive
+    + the prefill chunks' (B, K) int64 table (`prefill_chunks_of`, the same tensors), alive through the batch
 Per-sample budgets (kv_ratio) and per-layer ones (PyramidKV) are planned group by group: a forward's
 N is the largest group's, its masks are one per group (B·T·N_g each), an eviction of a group is charged
 with that group's layers, and keep is the largest kept count of its rows (the gather's width).
@@ -94,7 +95,12 @@ class Footprint:
     weights: int
     kv_cache: int
     transient: int
-    kv_steps: tuple[int, ...] = ()  # the KV cache during each forward of the batch (its plan's steps)
+    kv_runs: tuple[tuple[int, int], ...] = ()  # (the KV cache, for n forwards): the batch's forwards in order
+
+    @property
+    def kv_steps(self) -> tuple[int, ...]:
+        """The KV cache during each forward of the batch (its plan's steps)."""
+        return tuple(b for b, n in self.kv_runs for _ in range(n))
 
     @property
     def total(self) -> int:
@@ -133,16 +139,20 @@ def policy_weights(s: ModelShape, policy, dev: str) -> int:
                                model=s.name)
 
 
-def fold(plan: BatchPlan) -> tuple[set, set, list[tuple[int, ...]]]:
+def fold(plan: BatchPlan) -> tuple[set, set, list[tuple[tuple[int, ...], int]]]:
     """What the account reads off a batch's plan (kvbench.batch_plan, the steps the engine executes): the forwards
     {(width T, each group's keys N, makes logits)}, the actions {(kind, group, held N, rows, most kept, capacity)}
-    and each forward's groups' capacities."""
+    and the groups' capacities forward by forward, run-length coded [(capacities, forwards)]. A run of n quiet
+    decode forwards (`BatchPlan.runs`) is its last one's keys: a forward's bytes never fall as its keys grow."""
     forwards, actions, caps = set(), set(), []
-    for step in plan:
+    for step, n in plan.runs():
         actions |= {(a.kind, a.group, a.held, 0 if a.rows is None else int(a.rows.sum()), a.most, a.capacity)
                     for a in step.before}
-        forwards.add((step.width, step.keys, step.logits))
-        caps.append(step.capacities)
+        forwards.add((step.width, tuple(k + n - 1 for k in step.keys), step.logits))
+        if caps and caps[-1][0] == step.capacities:
+            caps[-1] = (step.capacities, caps[-1][1] + n)
+        else:
+            caps.append((step.capacities, n))
     return forwards, actions, caps
 
 
@@ -177,6 +187,8 @@ def account(
     full_budgets = None if budgets is None or not any(full) else budgets[full]
     chunks = prefill_chunks_of(lengths, policy, prefill_chunk, full_budgets, bool(s.linear))
     widest = max([int(r.max()) for r in chunks] + [q_max])
+    table = sum({r.untyped_storage().data_ptr(): r.untyped_storage().nbytes()  # the chunks' (B, K) table: the
+                 for r in chunks}.values())  # engine's, alive through the batch
     caps = layer_capacities(knobs.capacities(policy, lengths, new, budgets, s.kv_heads), windows, lengths, new, widest)
     runs = split_groups(attention_groups(layer_devices, caps, budgets, windows, s.linear), bands)
     groups = [run for run, _ in (runs if s.shapes is None else split_shapes(runs, s.shapes))]  # as the cache's
@@ -206,15 +218,15 @@ def account(
                                                      else trim_bytes(sg, L, rows, keep)))
         transients.append(pass_bytes(s, policy, lengths, score_chunk, dev == "cpu", backend))  # scoring passes
         state = state_bytes(s, B, [layer_devices[i] for i in s.linear].count(dev))  # a hybrid's linear layers
-        first = step_caps[0]  # after_prefill: a group settles at its resize (kvbench.engine.evictions)
+        first = step_caps[0][0]  # after_prefill: a group settles at its resize (kvbench.engine.evictions)
         held = {c: sum(cache_bytes(s.of_layer(groups[gi][1][0]), B, len(groups[gi][1]), c[gi], policy, groups[gi][4],
                                    settled=policy.once and c[gi] < first[gi])
                        for gi in mine) + state
-                for c in set(step_caps)}  # the cache with these capacities (only a resize changes them)
-        kv = [held[c] for c in step_caps]  # the cache during each forward
+                for c, _ in step_caps}  # the cache with these capacities (only a resize changes them)
+        kv = tuple((held[c], n) for c, n in step_caps)  # the cache during each run of forwards
         onload = s.onload.get(dev, 0)  # an offloaded layer's weights, brought here for its forward (accelerate)
-        devices[dev] = Footprint(weights=s.weights.get(dev, 0) + policy_weights(s, policy, dev), kv_cache=max(kv), transient=max(transients) + onload,
-                                 kv_steps=tuple(kv))
+        devices[dev] = Footprint(weights=s.weights.get(dev, 0) + policy_weights(s, policy, dev),
+                                 kv_cache=max(b for b, _ in kv), transient=max(transients) + onload + table, kv_runs=kv)
     for dev, w in s.weights.items():  # devices with weights but no decoder layer (e.g. the lm_head's)
         devices.setdefault(dev, Footprint(weights=w, kv_cache=0, transient=0))
     return Account(devices, upper_bound=policy.evicts and head_rule(policy).data_dependent)

@@ -48,9 +48,9 @@ def forward_bytes(
     stats = 3 * B * s.kv_heads * N * max(4, e)  # w_sum, w_last and a reduction of them
     if attention == "eager":  # kvbench.attention.eager: transformers' eager path, nothing chunked
         S = B * Hq * T * N  # elements of the (B, Hq, T, N) probabilities
-        # softmax's float32 copy of its input: none in float32, none where the kernel upcasts as it reads
-        # (CPU, measured for bfloat16; CUDA float16), a copy otherwise (CUDA bfloat16: not measured)
-        conv = 0 if e == 4 or cpu or s.dtype == torch.float16 else 4
+        # softmax(dtype=float32)'s float32 copy of its input (aten's softmax: `input.toType(dtype)`), none in float32
+        # and none for CUDA's float16 (its half_to_float kernel upcasts as it reads); measured on CPU
+        conv = 0 if e == 4 or (not cpu and s.dtype == torch.float16) else 4
         probs = max(2 * e, e + conv + 4, (2 * e + 4) if e != 4 else 0) * S  # logits + scaled / masked / softmax / cast
         rep = 2 * B * Hq * N * D * e if Hq != s.kv_heads else 0  # repeat_kv's copies of K and V
         phases.append(qkv + q + rep + max(probs, S * e + q + (stats if scored else 0)))
@@ -67,10 +67,10 @@ def forward_bytes(
         # CUDA SDPA, GQA with a mask: kvbench.attention.sdpa expands K/V per query head (no fused kernel has both)
         rep = 2 * B * Hq * N * D * e if not cpu and attention != "flash" and Hq != s.kv_heads else 0
         phases.append(qkv + 2 * q + mask + workspace + rep)
-        if scored:  # kvbench.attention.pair_weights.attention_stats: one in-place score buffer per chunk of queries
-            a = max(4, e)
-            alive = min(T, 2 * chunk)  # queries whose scores are alive: a chunk's, while the last one's still are
-            scores = B * Hq * alive * (N * a + D * e) + B * min(T, chunk) * N + stats
+        if scored:  # kvbench.attention.pair_weights.attention_stats: one chunk of queries at a time (the last one's
+            tc = min(T, chunk)  # scores are dropped first); per element its float32 logits and softmax's output, or
+            per = max(8, e + 4)  # a float64 model's logits beside their float32 copy
+            scores = B * Hq * tc * (N * per + D * e) + B * tc * N + stats
             phases.append(qkv + 2 * q + scores)
     if s.kv_quant is not None:  # a quantized cache (kvbench.memory.qterms): the read pairs, alive through attention
         phases = phases[:2] + [p + qterms.held_bytes(s, B, N) for p in phases[2:]] + [

@@ -76,7 +76,8 @@ class Part:
             return View(self.mask, self.causal, self.real, self.all_real)
         s = torch.arange(self.keys, device=self.real.device)
         seen = self.n_before[layer][:, :, None] + self._j[:, None, :]  # (R, H, K_q): the last slot each sees
-        mask = (s <= seen[..., None]) & self.real[:, None, :, None]  # (R, H, K_q, N)
+        mask = s <= seen[..., None]  # (R, H, K_q, N), compared straight into bools
+        mask &= self.real[:, None, :, None]
         mask[..., 0] |= ~self.real[:, None, :]  # pad rows see slot 0 (never an empty softmax row; discarded)
         return View(mask, False, self.real, self.all_real)
 
@@ -86,7 +87,7 @@ class Part:
             return None
         if self.uniform and self.bias is not None:
             return self.bias
-        bias = torch.zeros(view.mask.shape, dtype=dtype, device=view.mask.device).masked_fill_(~view.mask, float("-inf"))
+        bias = torch.full(view.mask.shape, float("-inf"), dtype=dtype, device=view.mask.device).masked_fill_(view.mask, 0.0)
         if self.uniform:
             self.bias = bias
         return bias
@@ -163,7 +164,8 @@ def _part(table: torch.Tensor, n_before: torch.Tensor, k: torch.Tensor, offset: 
     elif uniform and not (bool((n_after == nb * bs).all()) and Kq == 1):  # else nothing to hide
         s = torch.arange(nb * bs)
         seen = n_before[0, :, 0, None] + j  # (R, K_q): the last slot each query may see (its own pair)
-        mask = (s[None, None, :] <= seen[:, :, None]) & real[:, :, None]
+        mask = s[None, None, :] <= seen[:, :, None]  # (R, K_q, N) bool, no integer (R, K_q, N) tensor
+        mask &= real[:, :, None]
         mask[:, :, 0] |= ~real  # pad rows see slot 0 (never an empty softmax row; discarded)
         mask = mask[:, None].to(device)
     return Part(q_index=q_index.to(device), real=real.to(device), blocks=table[..., :nb].to(device),

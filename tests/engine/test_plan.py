@@ -11,7 +11,7 @@ from kvbench.attention import kv_attention
 from kvbench.batch_plan import EVICT, RESIZE, TRIM, BatchPlan, Room
 from kvbench.engine import generate_batch
 from kvbench.engine import loop as engine_loop
-from kvbench.policies import H2O, SnapKV, registry
+from kvbench.policies import H2O, Full, SnapKV, registry
 from tests.conftest import random_prompts
 from tests.policies.test_scored import _at_test_size
 
@@ -97,3 +97,46 @@ def test_a_window_the_batch_never_cuts_is_full_attention(schedule):
     finally:
         lm.model.config.sliding_window = saved
     assert windowed == full and len(full[0]) == 4
+
+
+PLANS = [  # (policy, rooms, chunks): evictions in prefill and decode, a window's trims, a data-dependent fit, none
+    (H2O(kv_size=16, evict_every=4, schedule="decode_only"), [Room(20, torch.tensor([16, 16]), None)], [[20, 10]]),
+    (H2O(kv_size=8, evict_every=3), [Room(12, torch.tensor([8, 8]), None), Room(12, None, 8)], [[4, 2]] * 3),
+    (SnapKV(kv_size=6, schedule="after_prefill", window=2), [Room(12, torch.tensor([6, 6]), None), Room(12, None, 8)],
+     [[6, 0], [4, 6]]),
+    (Full(), [Room(60, None, None)], [[20, 10]]),
+]
+
+
+@pytest.mark.parametrize("policy,rooms,chunks", PLANS, ids=["decode_only", "window", "after_prefill", "none"])
+def test_the_runs_are_the_steps(policy, rooms, chunks):
+    """`BatchPlan.runs` folds each stretch of quiet decode steps into its first: n steps that differ only by their keys
+    (one more a step), so the account reads a batch in as many iterations as it has actions."""
+    def plan():
+        return BatchPlan(policy, rooms, [torch.tensor(c) for c in chunks], 40, batch_size=2)
+
+    def actions(step):
+        return [(a.kind, a.group, None if a.rows is None else a.rows.tolist(), None if a.keep is None else a.keep.tolist(),
+                 a.held, a.most, a.capacity, a.fit) for a in step.before]
+
+    steps = list(plan())
+    expanded = [(s.kind, tuple(k + j for k in s.keys), s.capacities, actions(s) if j == 0 else [])
+                for s, n in plan().runs() for j in range(n)]
+    assert [(s.kind, s.keys, s.capacities, actions(s)) for s in steps] == expanded
+    assert any(actions(s) for s in steps[len(chunks) + 1:]) == (policy.kv_size == 16 or len(rooms) > 1)
+    assert len(list(plan().runs())) < len(steps)
+
+
+def test_the_account_replays_a_long_generation_in_few_steps(monkeypatch):
+    """The account folds the batch's plan; a quiet decode stretch is one iteration, so the full cache over 20,000 new
+    tokens (no action while decoding) takes a handful, not one per token (memory and minutes for absurd lengths)."""
+    from kvbench import memory
+    from tests.memory.test_account import SMOLLM2
+
+    calls = []
+    real = BatchPlan._step
+    monkeypatch.setattr(BatchPlan, "_step", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    short = memory.account(SMOLLM2, [1500] * 4, Full(), max_new_tokens=200)
+    long = memory.account(SMOLLM2, [1500] * 4, Full(), max_new_tokens=20_000)
+    assert len(calls) < 10, len(calls)
+    assert long.devices["cpu"].kv_cache > short.devices["cpu"].kv_cache and len(long.devices["cpu"].kv_steps) == 20_000

@@ -52,7 +52,7 @@ class Arrival(Policy):
                 "hnorm": obs.hidden.float().norm(dim=-1)[:, None].expand(B, H, T)}
 
     def observe_bytes(self, *, rows, tokens, q_heads, kv_heads, head_dim, hidden, elem) -> int:
-        return 10 * rows * q_heads * tokens * head_dim * 4 + 4 * rows * tokens * head_dim * 4
+        return 12 * rows * q_heads * tokens * head_dim * 4 + 4 * rows * tokens * head_dim * 4  # its check included
 
     def score(self, ctx: ScoreContext) -> torch.Tensor:
         held = torch.arange(ctx.pos.shape[-1], device=ctx.pos.device) < ctx.n

@@ -76,6 +76,10 @@ REFUSED = {
     "`mode=serve_limits serve.num_blocks=null`": [*TINY, "mode=serve_limits", "policy=h2o", "serve.num_blocks=null"],
     "`task.max_input_tokens` below a prompt's fixed part": [*TINY, "task=gsm8k", "data.dir={data}", "task.n_shot=0",
                                                             "task.n_samples=3", "task.max_input_tokens=8"],
+    "a prompt + `gen.max_new_tokens` past the positions the model's config declares":
+        [*TINY, "task=passkey", "gen.max_new_tokens=100000000"],  # the tiny models take 8192
+    "a prompt alone past them": [*TINY, "task=passkey", "task.context_tokens=9000"],
+    "a RULER `task.context_length` past them": [*TINY, "task=niah_single_1", "task.context_length=9000"],
     "a data row with a missing column or a wrong type": [*TINY, "task=gsm8k", "data.dir={bad}", "task.n_shot=0",
                                                          "task.n_samples=3"],
     "a Hub model not cached while the Hub is unreachable": ["model=phi35-mini", "device=cpu"],
