@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,21 @@ _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 _THREADS = max(1, min(2, (os.cpu_count() or 1) // _WORKERS))
 os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
 torch.set_num_threads(_THREADS)
+
+
+def _absl_writes_to_the_real_stderr() -> None:
+    """absl (imported by rouge-score) binds its handler to the sys.stderr of its import: under pytest, the global
+    capture's file. Hydra's logging set-up (logging.config.dictConfig) closes every handler ever made, and absl's
+    close() closes its stream unless that is sys.stderr at that moment; under a `capsys` test it is not, so the
+    worker's capture file closed and every later test of the worker failed ("I/O operation on closed file")."""
+    try:
+        from absl import logging as absl_logging
+    except ImportError:
+        return
+    absl_logging.get_absl_handler().python_handler.setStream(sys.__stderr__)
+
+
+_absl_writes_to_the_real_stderr()
 
 
 SMOLLM2_TEXTS = [  # four prompts of different lengths for the slow tests on the real default model
