@@ -53,8 +53,8 @@ def collected(target: str, var: str, value: str) -> list[str]:
     """The node ids the guide's `make TARGET VAR=value` runs: the Makefile's command (make -n), collected only."""
     assert f"make {target} {var}=" in GUIDE.read_text(), f"docs/contributing.md shows no `make {target} {var}=...`"
     venv = Path(sys.executable).parent.parent
-    dry = subprocess.run(["make", "-n", "-o", "install", target, f"{var}={value}", f"VENV={venv}"], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout.strip().splitlines()
+    dry = subprocess.run(["make", "-n", "--no-print-directory", "-o", "install", target, f"{var}={value}",
+                          f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip().splitlines()
     words = shlex.split(dry[-1])
     assert words[1:4] == ["-m", "pytest", "-q"], dry[-1]
     p = subprocess.run([sys.executable, *words[1:], "--collect-only", "-p", "no:randomly"], cwd=ROOT,
