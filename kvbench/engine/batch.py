@@ -64,11 +64,10 @@ class Batch:
         # what the policy compresses: the full-attention layers (windowed ones keep their window)
         full = [w is None and i not in geometry.get("linear", ()) for i, w in enumerate(windows)]
         compressed = [i for i, f in enumerate(full) if f]
-        held = head_means(policy, model.config, self.lengths, self.question, new)  # (L, B) or None (before the room:
-        # a head pattern resolved here gives the budgets below its windows)
         self.room = Budgets.of(policy, self.lengths, len(windows), heads, compressed)  # (L, B, H) or None: full cache
         self.budgets = None if self.room is None else self.room.layer  # (L, B)
         self.full_budgets = None if self.budgets is None or not any(full) else self.budgets[full]  # (L_full, B)
+        held = head_means(policy, model.config, self.lengths, self.question, new)  # (L, B) or None
         self.held_budgets = self.full_budgets if held is None or self.full_budgets is None else held[full]
         # (a context of 0 tokens: kvbench.continuation's one-token contexts, all in the question's forward)
         linear = geometry.get("linear") or []  # a hybrid's linear layers: one grid (kvbench.grid)

@@ -37,7 +37,7 @@ def _variants():
 @pytest.mark.parametrize("policy", list(_variants()))
 def test_a_store_that_quantizes_nothing_runs_as_the_plain_cache(policy, tiny_llama):
     model, prompts = tiny_llama.model, random_prompts(LENGTHS, seed=3)
-    policy.prepare(tiny_llama.tokenizer)  # as kvbench.engine.generate does (KVzip's template)
+    policy.prepare(tiny_llama.tokenizer, tiny_llama.model)  # as kvbench.engine.generate does (KVzip's template, DuoAttention's pattern)
     with kv_attention(model, hidden=policy.needs.hidden):
         want, plain = generate_batch(model, prompts, policy, max_new_tokens=6, prefill_chunk=16)
         got, quant = generate_batch(model, prompts, policy, max_new_tokens=6, prefill_chunk=16,

@@ -32,7 +32,7 @@ def test_the_cache_follows_the_plan_at_every_forward(name, question, tiny_llama,
         seen.append((step, [int((g.n + step.tokens).max()) for g in cache.groups], [g.capacity for g in cache.groups]))
 
     monkeypatch.setattr(engine_loop, "execute", execute)
-    policy.prepare(tiny_llama.tokenizer)  # as kvbench.engine.generate does
+    policy.prepare(tiny_llama.tokenizer, tiny_llama.model)  # as kvbench.engine.generate does
     with kv_attention(tiny_llama.model, hidden=policy.needs.hidden):
         generate_batch(tiny_llama.model, random_prompts(LENGTHS, seed=3), policy, max_new_tokens=6,
                        question_tokens=question)

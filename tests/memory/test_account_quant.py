@@ -36,7 +36,7 @@ def quant_bytes(cache: KVCache) -> int:
 @pytest.mark.parametrize("name", sorted(registry()))
 def test_account_charges_the_quantized_cache_measured_at_every_forward(name, bits, tiny_llama, monkeypatch):
     policy, model = _at_test_size(name), tiny_llama.model
-    policy.prepare(tiny_llama.tokenizer)  # as kvbench.engine.generate does
+    policy.prepare(tiny_llama.tokenizer, tiny_llama.model)  # as kvbench.engine.generate does
     quant = KVQuant(bits, 8, 8)
     shape = dataclasses.replace(memory.ModelShape.of(model), kv_quant=quant)
     acc = memory.account(shape, list(LENGTHS), policy, max_new_tokens=6).devices["cpu"]

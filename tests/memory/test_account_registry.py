@@ -120,7 +120,7 @@ def check_account(name, tiny_llama, monkeypatch, knobs=None, against="equal"):
     """The account of policy `name` (at test size, `knobs` replaced) against the cache measured at every forward."""
     policy = dataclasses.replace(_at_test_size(name), **(knobs or {}))
     assert head_rule(policy).data_dependent == (against != "equal")  # the rule declares what the account can know
-    policy.prepare(tiny_llama.tokenizer)  # as kvbench.engine.generate does
+    policy.prepare(tiny_llama.tokenizer, tiny_llama.model)  # as kvbench.engine.generate does
     model = tiny_llama.model
     account = memory.account(model, list(LENGTHS), policy, max_new_tokens=6)
     assert account.upper_bound == (against != "equal") and ("upper bound" in account.describe("cpu")) == account.upper_bound
