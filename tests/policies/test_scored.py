@@ -48,6 +48,7 @@ def pid(p) -> str:
 def rule_of(policy) -> str:
     if policy.name == "tova" and policy.per_kv_head:  # kvbench's earlier variant (published: the layer's mean)
         return "last"
+    assert policy.name in R.POLICY_RULES, f"write {policy.name}'s rule in tests/reference.py (POLICY_RULES)"
     return R.POLICY_RULES[policy.name]
 
 

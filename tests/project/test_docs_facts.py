@@ -202,5 +202,8 @@ def test_one_model_config_per_checkpoint_and_precision():
 
 def test_every_policy_has_one_label_in_the_report():
     assert set(METHODS) == set(registry()), set(registry()) ^ set(METHODS)
-    assert len(set(METHODS.values())) == len(METHODS)
+    shared = {label: sorted(n for n, x in METHODS.items() if x == label) for label in METHODS.values()}
+    shared = {label: names for label, names in shared.items() if len(names) > 1}  # a policy copied, its label left
+    assert not shared, "give each policy its own `label` (the report's name for it): " + "; ".join(
+        f"{' and '.join(names)} share {label!r}" for label, names in shared.items())
     assert METHODS["full"] == "FKV" and METHODS["extreme_decode"] == "ED" and METHODS["batch_max"] == "BM"
