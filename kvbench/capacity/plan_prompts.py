@@ -25,14 +25,16 @@ def prompt_lengths(cfg: DictConfig) -> tuple[list[int], str]:
         if isinstance(e, ConfigError) and e.key.startswith("task"):  # the task's own limits: its key says it
             raise
         cause = e.__context__ if isinstance(e, ConfigError) and e.__context__ is not None else e  # the loader's
-        lengths, why = None, type(cause).__name__
+        lengths, why = None, f"{type(cause).__name__}; offline?"
+        if isinstance(e, ConfigError) and e.key == "model.pretrained":  # kvbench.models.hub.check: no retries
+            why = "it is not in the local Hugging Face cache and the Hub cannot be reached"
     else:
         why = "no tokenizer for this loader"
     if lengths is None:
         raise ConfigError(
             "plan.prompt_tokens",
             f"the task's prompt lengths need {cfg.model.name}'s tokenizer and the data, and loading them failed"
-            f" ({why}; offline?): give the longest prompt instead, e.g. plan.prompt_tokens=3584",
+            f" ({why}): give the longest prompt instead, e.g. plan.prompt_tokens=3584",
             None,
         ) from None
     return lengths, f"{task.name} prompts ({len(lengths)} samples)"

@@ -77,7 +77,10 @@ def check(model_cfg) -> None:
 
 
 def tokenizer(model_cfg):
+    """The model's tokenizer (checked like its weights first: offline, one line instead of a minute of retries)."""
     from transformers import AutoTokenizer
+
+    check(model_cfg)
 
     return AutoTokenizer.from_pretrained(str(model_cfg.get("pretrained")), revision=model_cfg.get("revision"),
                                          trust_remote_code=bool(model_cfg.get("trust_remote_code", False)))

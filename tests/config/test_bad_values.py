@@ -49,12 +49,17 @@ def test_refused_in_one_line_by_kvbench_and_kvbench_plan(args, tmp_path, capsys,
     assert exc.value.code == 2 and err.startswith(f"kvbench-plan: error: {BAD[args]}:") and "\n" not in err, err
 
 
+@pytest.mark.parametrize("hub", ["offline", "unreachable"])
 @pytest.mark.parametrize("command", ["kvbench", "kvbench.capacity"])
-def test_offline_a_shipped_config_prints_the_one_line_alone(command, tmp_path):
+def test_offline_a_shipped_config_prints_the_one_line_alone(command, hub, tmp_path):
     """transformers warns while building Phi-4-mini's shipped config (its longrope fields, a note to the model's
-    authors); offline, its tokenizer and weights cannot be had: the line saying so is all that is printed. In a
-    process of its own: transformers' handler writes to the stderr it found at import."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    authors); offline (HF_HUB_OFFLINE) or where the Hub does not answer (no HF_HUB_OFFLINE: huggingface_hub retried
+    the tokenizer's files for about 45 s, a warning line per try), its tokenizer and weights cannot be had: the line
+    saying so is all that is printed. In a process of its own: transformers' handler writes to the stderr it found
+    at import."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env.update({"HF_HUB_OFFLINE": "1"} if hub == "offline" else {"HF_HUB_OFFLINE": "0",
+                                                                 "HF_ENDPOINT": "http://127.0.0.1:9"})  # refused
     out = subprocess.run([sys.executable, "-m", command, "model=phi4-mini", "memory.limit_gb=10",
                           f"results_dir={tmp_path}"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     err = out.stderr.strip()
